@@ -1,0 +1,46 @@
+"""Typed schema of the ``data`` config group (values live in ``conf/data/*.yaml``).
+
+Plain dataclasses, no Hydra import: the training entry point registers them with Hydra's
+ConfigStore so that a typo or a wrong type fails when the config is composed.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+
+@dataclass
+class FilePair:
+    """The two sides of one split of ``data=files``: paths to aligned text files (plain or .gz)."""
+
+    src: str = "???"
+    tgt: str = "???"
+
+
+@dataclass
+class HubConfig:
+    """Where a data set lives on the Hugging Face hub and how its records map to our splits."""
+
+    path: str = "???"  # e.g. bentrevett/multi30k
+    name: Optional[str] = None  # the data set's configuration, e.g. "de-en" for wmt/wmt14
+    # Records are either {lang: text, ...} (field null) or {field: {lang: text, ...}}.
+    field: Optional[str] = None
+    # Our split name -> the hub's split name. Our names: train, val, test_* (like the raw layout).
+    splits: Dict[str, str] = field(default_factory=lambda: {"train": "train", "val": "validation"})
+
+
+@dataclass
+class DataConfig:
+    name: str = "multi30k"
+    src: str = "de"
+    tgt: str = "en"
+    # A local folder in the Multi30k raw layout ({split}.{lang}[.gz]); null: download from the hub.
+    root: Optional[str] = None
+    hub: Optional[HubConfig] = None
+    # data=files: {"train": FilePair, "val": FilePair, "test_<name>": FilePair, ...}
+    files: Optional[Dict[str, FilePair]] = None
+    # Downloads and tokenizer models are cached here (relative paths: to the working directory).
+    cache_dir: str = ".cache"
+    train_limit: Optional[int] = None  # use only the first N training pairs
+    max_len: int = 100  # training pairs with a side longer than this (subword tokens) are dropped
+    vocab_size: int = 8000
+    joint_vocab: bool = True
+    spm_model_type: str = "unigram"  # SentencePiece model: unigram or bpe

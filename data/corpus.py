@@ -1,0 +1,212 @@
+"""Read and validate parallel text: a local folder in the raw Multi30k layout, the user's own files,
+or a data set from the Hugging Face hub (downloaded once into that same raw layout).
+
+Every source ends in one reader, ``read_parallel``, so every check holds for all of them. A corpus
+is a dict ``split name -> list of (source, target) strings``: ``train``, ``val`` and one entry per
+``test_*`` split. Bad input raises ``DataError`` with a one-line message that names the file(s)
+and says what to do.
+"""
+import gzip
+import logging
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Tuple
+from urllib.parse import urlparse
+
+from data.config import DataConfig, FilePair, HubConfig
+
+log = logging.getLogger(__name__)
+
+Pairs = List[Tuple[str, str]]
+Corpus = Dict[str, Pairs]  # split name -> aligned (source, target) pairs
+
+TRAIN, VALID, TEST_PREFIX = "train", "val", "test"
+_SPLIT_FILE = re.compile(r"^(?P<split>train|val|test\w*)\.(?P<lang>[A-Za-z_-]+?)(?:\.gz)?$")
+
+
+class DataError(Exception):
+    """Bad input data or data config; the message is one line that says what to do."""
+
+
+# --- reading files ------------------------------------------------------------------------------
+
+
+def read_lines(path: Path) -> List[str]:
+    """Lines of a UTF-8 text file, plain or gzip (by the ``.gz`` suffix), without line ends."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as stream:
+        raw = stream.read()
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final line end
+    return [_decode_line(line, path, number) for number, line in enumerate(lines, start=1)]
+
+
+def _decode_line(line: bytes, path: Path, number: int) -> str:
+    try:
+        return line.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{path} line {number}: invalid UTF-8 ({error.reason} at byte {error.start}); "
+            f"re-encode the file as UTF-8, e.g. with iconv -t UTF-8"
+        ) from None
+
+
+def read_parallel(src_path: Path, tgt_path: Path) -> Pairs:
+    """Aligned (source, target) pairs from two files of the same number of lines."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the two sides of a split "
+            f"must be aligned line by line"
+        )
+    return list(zip(src, tgt))
+
+
+# --- sources ------------------------------------------------------------------------------------
+
+
+def split_files(root: Path) -> Dict[str, Dict[str, Path]]:
+    """``{split: {lang: path}}`` of the files in a raw-layout folder (``{split}.{lang}[.gz]``)."""
+    found: Dict[str, Dict[str, Path]] = {}
+    for path in sorted(root.iterdir()):
+        match = _SPLIT_FILE.match(path.name)
+        if match and path.is_file():
+            langs = found.setdefault(match["split"], {})
+            if match["lang"] not in langs or path.suffix != ".gz":  # plain text wins over .gz
+                langs[match["lang"]] = path
+    return found
+
+
+def load_folder(root: Path, src: str, tgt: str) -> Corpus:
+    """Train, val and every ``test_*`` split of a folder in the raw Multi30k layout."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"data folder {root} does not exist: set data.root to a folder of {{split}}.{{lang}}[.gz] files")
+    files = split_files(root)
+    langs = sorted({lang for by_lang in files.values() for lang in by_lang})
+    for lang, key in ((src, "data.src"), (tgt, "data.tgt")):
+        if lang not in langs:
+            raise DataError(
+                f"language '{lang}' ({key}) not found in {root} (found: {', '.join(langs) or 'none'}); "
+                f"set {key} to one of them"
+            )
+    for required in (TRAIN, VALID):
+        for lang in (src, tgt):
+            if lang not in files.get(required, {}):
+                raise DataError(f"{root / f'{required}.{lang}'}[.gz]: file not found; the folder needs train and val splits")
+    corpus = {}
+    for split, by_lang in files.items():
+        if src in by_lang and tgt in by_lang:
+            corpus[split] = read_parallel(by_lang[src], by_lang[tgt])
+        elif split.startswith(TEST_PREFIX):
+            log.warning("skipping %s: it has no %s file", split, src if src not in by_lang else tgt)
+    return corpus
+
+
+def load_files(files: Dict[str, FilePair]) -> Corpus:
+    """The user's own parallel files: ``{split: FilePair}`` with at least train and val."""
+    for required in (TRAIN, VALID):
+        if required not in files:
+            raise DataError(f"data.files has no '{required}' entry; give data.files.{required}.src and .tgt")
+    return {split: read_parallel(Path(pair.src), Path(pair.tgt)) for split, pair in files.items()}
+
+
+def hub_cache_folder(cache_dir: str, hub: HubConfig) -> Path:
+    key = hub.path.replace("/", "--") + (f"--{hub.name}" if hub.name else "")
+    return Path(cache_dir) / "datasets" / key
+
+
+def check_hub_reachable(timeout: float = 5.0) -> bool:
+    """Whether the hub's host answers, decided in seconds (``datasets`` itself retries for ~25 s)."""
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def download_hub(cfg: DataConfig, folder: Path) -> None:
+    """Download ``cfg.hub`` for ``cfg.src``/``cfg.tgt`` and write it to ``folder`` in the raw layout."""
+    hub = cfg.hub
+    if not check_hub_reachable():
+        raise DataError(
+            f"cannot reach the Hugging Face hub to download {hub.path}; set data.root=DIR to a local "
+            f"folder of {{split}}.{{lang}}[.gz] files (the raw Multi30k layout)"
+        )
+    import datasets
+
+    log.info("downloading %s (%s) from the Hugging Face hub into %s", hub.path, hub.name, folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for ours, theirs in hub.splits.items():
+        records = datasets.load_dataset(hub.path, hub.name, split=theirs, cache_dir=str(folder.parent / "hf"))
+        for lang in (cfg.src, cfg.tgt):
+            texts = (_record_text(record, hub.field, lang, hub.path) for record in records)
+            _write_lines(folder / f"{ours}.{lang}", texts)
+
+
+def _record_text(record: dict, field: Optional[str], lang: str, where: str) -> str:
+    texts = record[field] if field else record
+    if lang not in texts:
+        raise DataError(f"{where} has no language '{lang}' (found: {', '.join(texts)}); set data.src/data.tgt to one of them")
+    return texts[lang].replace("\n", " ")
+
+
+def _write_lines(path: Path, lines: Iterable[str]) -> None:
+    """Write a text file under a temporary name and rename it: a file present is complete."""
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w", encoding="utf-8") as stream:
+        for line in lines:
+            stream.write(line + "\n")
+    partial.replace(path)
+
+
+def load_corpus(cfg: DataConfig) -> Corpus:
+    """The corpus the config names: ``files``, else ``root``, else the hub (cached as a folder)."""
+    if cfg.src == cfg.tgt:
+        raise DataError(f"data.src and data.tgt are both '{cfg.src}': choose two different languages")
+    if cfg.files:
+        corpus = load_files(cfg.files)
+    elif cfg.root:
+        corpus = load_folder(Path(cfg.root), cfg.src, cfg.tgt)
+    elif cfg.hub:
+        folder = hub_cache_folder(cfg.cache_dir, cfg.hub)
+        wanted = [folder / f"{split}.{lang}" for split in cfg.hub.splits for lang in (cfg.src, cfg.tgt)]
+        if not all(path.is_file() for path in wanted):
+            download_hub(cfg, folder)
+        corpus = load_folder(folder, cfg.src, cfg.tgt)
+    else:
+        raise DataError("the data config names no source: set data.root=DIR, data.files or data.hub")
+    if cfg.train_limit is not None:
+        corpus[TRAIN] = corpus[TRAIN][: cfg.train_limit]
+    return corpus
+
+
+# --- cleaning -----------------------------------------------------------------------------------
+
+
+def drop_empty_pairs(pairs: Pairs) -> Tuple[Pairs, int]:
+    """Training pairs whose two sides both hold text, and how many were dropped."""
+    kept = [(src, tgt) for src, tgt in pairs if src.strip() and tgt.strip()]
+    return kept, len(pairs) - len(kept)
+
+
+def eval_split_names(corpus: Corpus) -> List[str]:
+    """Names of the evaluation splits (every ``test*`` split), sorted."""
+    return sorted(split for split in corpus if split.startswith(TEST_PREFIX))
+
+
+def describe_source(cfg: DataConfig) -> str:
+    if cfg.files:
+        return f"files {cfg.files[TRAIN].src} / {cfg.files[TRAIN].tgt}"
+    if cfg.root:
+        return os.fspath(cfg.root)
+    return f"hub {cfg.hub.path}" if cfg.hub else "nothing"

@@ -1,0 +1,150 @@
+"""SentencePiece subword tokenization: train once per (training text, options), cache, encode, decode.
+
+Special ids, fixed for every model this project trains (the one place they are defined)::
+
+    PAD_ID = 0  <pad>   padding, never predicted
+    UNK_ID = 1  <unk>   rarely used: byte fallback spells unseen characters as UTF-8 bytes
+    BOS_ID = 2  <s>     starts the decoder input
+    EOS_ID = 3  </s>    ends source and target sequences
+
+Normalization is SentencePiece's ``nmt_nfkc``: Unicode NFKC plus whitespace clean-up (runs of
+spaces become one, leading and trailing spaces go). Case and punctuation are kept, so decoding
+gives detokenized text that sacrebleu compares with the raw references. ``decode(encode(x))``
+equals ``normalize(x)`` below.
+"""
+import hashlib
+import io
+import json
+import logging
+import time
+import unicodedata
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import sentencepiece as spm
+
+from data.corpus import DataError, Pairs
+
+log = logging.getLogger(__name__)
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_TOKENS = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_ID}
+
+
+def normalize(text: str) -> str:
+    """What a sentence looks like after a round trip through the tokenizer (NFKC, single spaces)."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+class Tokenizer:
+    """Source and target SentencePiece models; one shared model when the vocabulary is joint.
+
+    Built from the models' bytes, which is also what checkpoints store (``state_dict``), so a
+    checkpoint alone can tokenize and detokenize.
+    """
+
+    def __init__(self, src_model: bytes, tgt_model: Optional[bytes] = None):
+        self.src_model = src_model
+        self.tgt_model = tgt_model  # None: joint vocabulary, the source model serves both sides
+        self.src = spm.SentencePieceProcessor(model_proto=src_model)
+        self.tgt = self.src if tgt_model is None else spm.SentencePieceProcessor(model_proto=tgt_model)
+
+    @property
+    def joint(self) -> bool:
+        return self.tgt_model is None
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.src.get_piece_size()
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.tgt.get_piece_size()
+
+    def encode_src(self, texts: Sequence[str]) -> List[List[int]]:
+        return self.src.encode(list(texts), out_type=int)
+
+    def encode_tgt(self, texts: Sequence[str]) -> List[List[int]]:
+        return self.tgt.encode(list(texts), out_type=int)
+
+    def decode_src(self, ids: Sequence[Sequence[int]]) -> List[str]:
+        return self.src.decode([list(seq) for seq in ids])
+
+    def decode_tgt(self, ids: Sequence[Sequence[int]]) -> List[str]:
+        """Detokenized text of target id sequences (pad, BOS and EOS decode to nothing)."""
+        return self.tgt.decode([list(seq) for seq in ids])
+
+    def state_dict(self) -> Dict[str, Optional[bytes]]:
+        return {"src_model": self.src_model, "tgt_model": self.tgt_model}
+
+    @classmethod
+    def from_state_dict(cls, state: Dict[str, Optional[bytes]]) -> "Tokenizer":
+        return cls(state["src_model"], state["tgt_model"])
+
+
+def spm_options(vocab_size: int, model_type: str) -> Dict[str, object]:
+    """SentencePiece trainer options: the fixed special ids, case- and punctuation-preserving."""
+    return {
+        "vocab_size": vocab_size,
+        "model_type": model_type,
+        "pad_id": PAD_ID,
+        "unk_id": UNK_ID,
+        "bos_id": BOS_ID,
+        "eos_id": EOS_ID,
+        "character_coverage": 1.0,
+        "byte_fallback": True,  # unseen characters become byte pieces, not <unk>
+        "normalization_rule_name": "nmt_nfkc",
+        "input_sentence_size": 2_000_000,  # a sample, for the large hub corpora
+        "shuffle_input_sentence": True,
+        "num_threads": 2,
+    }
+
+
+def train_model(lines: Iterable[str], options: Dict[str, object]) -> bytes:
+    """Train one SentencePiece model on ``lines`` and return its bytes."""
+    spm.set_random_generator_seed(1)
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, minloglevel=2, **options)
+    except RuntimeError as error:
+        message = str(error).splitlines()[-1] if str(error) else "SentencePiece training failed"
+        if "Vocabulary size" in message or "vocab_size" in message:
+            raise DataError(
+                f"data.vocab_size={options['vocab_size']} is too large for this training data ({message.strip()}); "
+                f"lower data.vocab_size"
+            ) from None
+        raise DataError(f"SentencePiece training failed: {message.strip()}") from None
+    return model.getvalue()
+
+
+def cache_key(pairs: Pairs, options: Dict[str, object], joint: bool) -> str:
+    """Hash of the training text and every option: same data and options -> same cached model."""
+    digest = hashlib.sha256(json.dumps({"options": options, "joint": joint}, sort_keys=True).encode())
+    for src, tgt in pairs:
+        digest.update(src.encode("utf-8") + b"\0" + tgt.encode("utf-8") + b"\n")
+    return digest.hexdigest()[:16]
+
+
+def build_tokenizer(
+    pairs: Pairs, vocab_size: int, joint: bool, model_type: str, cache_dir: str
+) -> Tokenizer:
+    """Train SentencePiece on the training pairs, or load the models cached for the same input."""
+    options = spm_options(vocab_size, model_type)
+    folder = Path(cache_dir) / "spm" / cache_key(pairs, options, joint)
+    names = ["joint.model"] if joint else ["src.model", "tgt.model"]
+    paths = [folder / name for name in names]
+    if all(path.is_file() for path in paths):
+        log.info("tokenizer: using the cached SentencePiece model(s) in %s", folder)
+        return Tokenizer(*(path.read_bytes() for path in paths))
+    start = time.perf_counter()
+    if joint:
+        models = [train_model((text for pair in pairs for text in pair), options)]
+    else:
+        models = [train_model((src for src, _ in pairs), options), train_model((tgt for _, tgt in pairs), options)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, model in zip(paths, models):
+        partial = path.with_name(path.name + ".partial")
+        partial.write_bytes(model)
+        partial.replace(path)  # a cached model is always complete
+    log.info("tokenizer: trained %s SentencePiece model(s) in %.1f s, saved in %s", model_type, time.perf_counter() - start, folder)
+    return Tokenizer(*models)
