@@ -3,7 +3,8 @@
 Plain dataclasses, no Hydra import: the training entry point registers them with Hydra's
 ConfigStore so that a typo or a wrong type fails when the config is composed.
 """
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Dict, Optional
 
 
@@ -24,7 +25,7 @@ class HubConfig:
     # Records are either {lang: text, ...} (field null) or {field: {lang: text, ...}}.
     field: Optional[str] = None
     # Our split name -> the hub's split name. Our names: train, val, test_* (like the raw layout).
-    splits: Dict[str, str] = field(default_factory=lambda: {"train": "train", "val": "validation"})
+    splits: Dict[str, str] = dataclasses.field(default_factory=lambda: {"train": "train", "val": "validation"})
 
 
 @dataclass
@@ -44,3 +45,10 @@ class DataConfig:
     vocab_size: int = 8000
     joint_vocab: bool = True
     spm_model_type: str = "unigram"  # SentencePiece model: unigram or bpe
+
+
+def data_config(node) -> DataConfig:
+    """A composed ``data`` config node checked against the schema (unknown key or wrong type: error)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), node))

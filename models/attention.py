@@ -37,9 +37,11 @@ def rows_with_keys(mask: Tensor) -> Tensor:
 def masked_softmax_(scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """Softmax of ``scores`` ``(..., T, S)`` over the key axis, with masked keys at exactly 0.
 
-    The trailing underscore says that masked entries of ``scores`` are overwritten in place (with
-    ``-inf``): pass a score tensor you own, such as a fresh matmul output. Saving that copy of the
-    largest tensor in attention is what keeps the explicit path close to the fused one.
+    The trailing underscore says that masked entries of ``scores`` are overwritten in place with
+    ``-inf``: pass a score tensor you own, such as a fresh matmul output. The fill runs outside
+    autograd: the softmax output is exactly 0 at those entries, so the softmax backward already
+    gives them zero gradient, and recording the fill would only add a pass over the largest
+    tensor of attention (and a copy of it in the forward pass).
 
     ``mask`` is boolean and broadcastable to ``scores``. A fully masked row is left unmasked for
     the softmax (a row of ``-inf`` would give NaN in the forward and the backward pass) and its
@@ -49,7 +51,9 @@ def masked_softmax_(scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
         return torch.softmax(scores, dim=-1)  # (..., T, S)
     has_key = rows_with_keys(mask)  # (..., T, 1)
     visible = mask | ~has_key  # (..., T, S) every row now sees at least one key
-    weights = torch.softmax(scores.masked_fill_(~visible, float("-inf")), dim=-1)  # (..., T, S)
+    with torch.no_grad():
+        scores.masked_fill_(~visible, float("-inf"))  # (..., T, S)
+    weights = torch.softmax(scores, dim=-1)  # (..., T, S)
     # Only pay for a pass over the weights when some row is empty (a host sync on GPUs; this is
     # the path for inspecting weights, the fused path below never syncs).
     if not bool(has_key.all()):

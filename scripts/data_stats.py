@@ -1,0 +1,48 @@
+"""Prepare a data set as training would and print its stats block with timings.
+
+    python scripts/data_stats.py data.root=../data/multi30k               # Multi30k de-en
+    python scripts/data_stats.py data.root=DIR data.src=fr data.tgt=en --batch-tokens 8192
+
+Arguments other than --batch-tokens/--seed are Hydra overrides of conf/config.yaml.
+"""
+import argparse
+import logging
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from data.batching import TokenBucketSampler  # noqa: E402
+from data.config import data_config  # noqa: E402
+from data.corpus import TRAIN, DataError  # noqa: E402
+from data.pipeline import batch_stats, format_stats, prepare_data  # noqa: E402
+
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data.root=DIR data.src=fr")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from hydra import compose, initialize_config_dir
+
+    try:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose("config", overrides=args.overrides)
+        data = prepare_data(data_config(cfg.data))
+        start = time.perf_counter()
+        train = data.datasets[TRAIN]
+        sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), args.batch_tokens, seed=cfg.seed)
+        data.stats["batches"] = dict(batch_stats(sampler), batch_tokens=args.batch_tokens)
+        data.stats["seconds"]["batches"] = time.perf_counter() - start
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(format_stats(data.stats))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+import random
+
+import pytest
+from torch.utils.data import DataLoader
+
+from data.batching import ParallelDataset, TokenBucketSampler, collate, pack, padding_ratio
+from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+BUDGET = 300
+
+
+def random_lengths(n=500, seed=0):
+    rng = random.Random(seed)
+    return [rng.randint(1, 40) for _ in range(n)], [rng.randint(1, 45) for _ in range(n)]
+
+
+def cost(batch, src, tgt):
+    return len(batch) * (max(src[i] for i in batch) + max(tgt[i] for i in batch))
+
+
+def test_token_budget_is_held():
+    src, tgt = random_lengths()
+    sampler = TokenBucketSampler(src, tgt, BUDGET)
+    for batch in sampler:
+        assert cost(batch, src, tgt) <= BUDGET
+
+
+def test_a_pair_longer_than_the_budget_forms_its_own_batch():
+    src, tgt = [5, 200, 6, 7], [5, 300, 6, 7]
+    batches = list(TokenBucketSampler(src, tgt, 100))
+    assert [1] in batches
+    assert sorted(i for batch in batches for i in batch) == [0, 1, 2, 3]
+
+
+def test_every_pair_exactly_once_per_epoch():
+    src, tgt = random_lengths()
+    sampler = TokenBucketSampler(src, tgt, BUDGET)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        indices = [i for batch in sampler for i in batch]
+        assert sorted(indices) == list(range(len(src)))
+
+
+def test_order_depends_only_on_seed_and_epoch():
+    src, tgt = random_lengths()
+    a, b = TokenBucketSampler(src, tgt, BUDGET, seed=7), TokenBucketSampler(src, tgt, BUDGET, seed=7)
+    assert list(a) == list(b)
+    b.set_epoch(1)
+    assert list(a) != list(b)
+    a.set_epoch(1)
+    assert list(a) == list(b)
+    assert list(TokenBucketSampler(src, tgt, BUDGET, seed=8)) != list(TokenBucketSampler(src, tgt, BUDGET, seed=7))
+
+
+def test_batches_group_similar_lengths():
+    src, tgt = random_lengths()
+    sampler = TokenBucketSampler(src, tgt, BUDGET)
+    unsorted = pack(list(range(len(src))), src, tgt, BUDGET)
+    unsorted_padding = sum(cost(b, src, tgt) for b in unsorted) / sum(src[i] + tgt[i] for i in range(len(src))) - 1
+    assert padding_ratio(sampler) < 0.5 * unsorted_padding
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_shards_are_disjoint_and_cover_the_epoch(world_size):
+    src, tgt = random_lengths()
+    shards = []
+    for rank in range(world_size):
+        sampler = TokenBucketSampler(src, tgt, BUDGET, seed=3, rank=rank, world_size=world_size)
+        sampler.set_epoch(2)
+        shards.append([i for batch in sampler for i in batch])
+        assert len(sampler) == len(list(sampler))
+    for r in range(world_size):
+        for other in range(r + 1, world_size):
+            assert not set(shards[r]) & set(shards[other])
+    assert sorted(i for shard in shards for i in shard) == list(range(len(src)))
+
+
+def test_evaluation_batches_are_sorted_and_restore_the_input_order():
+    src_ids = [[10 + j for j in range(n)] for n in (5, 1, 3, 8, 2)]
+    dataset = ParallelDataset(src_ids, [[7] * n for n in (4, 2, 2, 6, 1)])
+    sampler = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), 20, shuffle=False)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate)
+    restored = {}
+    for batch in loader:
+        for row, index in enumerate(batch.indices.tolist()):
+            restored[index] = batch.src[row, : batch.src_lengths[row] - 1].tolist()
+    assert [restored[i] for i in range(len(src_ids))] == src_ids
+    order = [i for batch in sampler for i in batch]
+    assert [dataset.src_lengths()[i] for i in order] == sorted(dataset.src_lengths())
+
+
+def test_collate_adds_eos_bos_and_shifts_the_target():
+    batch = collate([(4, [11, 12, 13], [21, 22]), (9, [14], [23, 24, 25])])
+    assert batch.src.tolist() == [[11, 12, 13, EOS_ID], [14, EOS_ID, PAD_ID, PAD_ID]]
+    assert batch.src_lengths.tolist() == [4, 2]
+    assert batch.tgt_in.tolist() == [[BOS_ID, 21, 22, PAD_ID], [BOS_ID, 23, 24, 25]]
+    assert batch.tgt_out.tolist() == [[21, 22, EOS_ID, PAD_ID], [23, 24, 25, EOS_ID]]
+    assert batch.tgt_lengths.tolist() == [3, 4] and batch.indices.tolist() == [4, 9]
+    assert batch.n_tgt_tokens == 7
+    for row, length in enumerate(batch.tgt_lengths.tolist()):  # tgt_in is tgt_out shifted right by one
+        assert batch.tgt_in[row, 1:length].tolist() == batch.tgt_out[row, : length - 1].tolist()
+
+
+def test_bad_sampler_arguments():
+    with pytest.raises(ValueError):
+        TokenBucketSampler([1], [1], 0)
+    with pytest.raises(ValueError):
+        TokenBucketSampler([1], [1], 10, rank=2, world_size=2)

@@ -1,0 +1,75 @@
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from data.batching import TokenBucketSampler
+from data.config import data_config
+from data.corpus import DataError, load_folder
+from data.pipeline import batch_stats, format_stats, prepare_data
+from data.tokenizer import normalize
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+@pytest.fixture(scope="module")
+def prepared(multi30k_config, tmp_path_factory):
+    cfg = multi30k_config(tmp_path_factory.mktemp("cache"), train_limit=3000, vocab_size=1000, max_len=20)
+    return prepare_data(cfg)
+
+
+def test_long_training_pairs_are_dropped_but_evaluation_splits_stay_whole(prepared, multi30k_dir):
+    train = prepared.datasets["train"]
+    assert prepared.stats["dropped_long"] > 0
+    assert len(train) == 3000 - prepared.stats["dropped_long"] - prepared.stats["dropped_empty"]
+    assert all(len(s) <= 20 and len(t) <= 20 for s, t in zip(train.src, train.tgt))
+    raw = load_folder(multi30k_dir, "de", "en")
+    for split in ("val", "test_2016_flickr"):
+        assert prepared.sources[split] == [s for s, _ in raw[split]]
+        assert prepared.references[split] == [t for _, t in raw[split]]
+        decoded = prepared.tokenizer.decode_tgt(prepared.datasets[split].tgt)
+        assert decoded == [normalize(t) for _, t in raw[split]]
+    assert prepared.test_splits == ["test_2016_flickr"]
+
+
+def test_stats_block_reports_splits_drops_vocabulary_and_padding(prepared):
+    train = prepared.datasets["train"]
+    sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), 2000)
+    prepared.stats["batches"] = dict(batch_stats(sampler), batch_tokens=2000)
+    block = format_stats(prepared.stats)
+    assert "test_2016_flickr" in block and "1014 pairs" in block
+    assert f"{prepared.stats['dropped_long']} too long" in block
+    assert "vocabulary: 1000 (joint)" in block
+    assert 0.0 < prepared.stats["batches"]["padding_ratio"] < 0.3
+
+
+def test_empty_training_split_is_an_error(tmp_path):
+    root = tmp_path / "d"
+    root.mkdir()
+    for lang in ("xx", "yy"):
+        (root / f"train.{lang}").write_text("\n  \n\n")
+        (root / f"val.{lang}").write_text("a\n")
+    cfg = data_config({"root": str(root), "src": "xx", "tgt": "yy", "cache_dir": str(tmp_path / "c")})
+    with pytest.raises(DataError, match="holds no non-empty pair"):
+        prepare_data(cfg)
+
+
+def compose_data(overrides):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
+def test_every_data_config_composes_and_matches_the_schema(option):
+    extra = ["data.files.train.src=a", "data.files.train.tgt=b", "data.files.val.src=c", "data.files.val.tgt=d"]
+    cfg = data_config(compose_data([f"data={option}"] + (extra if option == "files" else [])).data)
+    assert cfg.name == option and cfg.vocab_size > 0
+    assert cfg.hub is not None or cfg.files is not None
+
+
+def test_typos_and_wrong_types_fail_when_composed():
+    with pytest.raises(ConfigKeyError):
+        data_config(compose_data(["+data.vocab_sise=10"]).data)
+    with pytest.raises(ValidationError):
+        data_config(compose_data(["data.vocab_size=many"]).data)

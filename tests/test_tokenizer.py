@@ -1,0 +1,84 @@
+import logging
+
+import pytest
+
+from data.corpus import DataError, load_folder
+from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, normalize
+
+
+@pytest.fixture(scope="module")
+def corpus(multi30k_dir):
+    return load_folder(multi30k_dir, "de", "en")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("spm-cache")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus, cache):
+    return build_tokenizer(corpus["train"][:4000], 2000, True, "unigram", str(cache))
+
+
+def test_special_ids_are_fixed(tokenizer):
+    for piece, expected in {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_ID}.items():
+        assert tokenizer.src.piece_to_id(piece) == expected
+    ids = tokenizer.encode_src(["Ein Hund rennt."])[0]
+    assert BOS_ID not in ids and EOS_ID not in ids and PAD_ID not in ids
+
+
+def test_validation_split_round_trips_up_to_normalization(tokenizer, corpus):
+    sources = [src for src, _ in corpus["val"]]
+    targets = [tgt for _, tgt in corpus["val"]]
+    assert tokenizer.decode_src(tokenizer.encode_src(sources)) == [normalize(s) for s in sources]
+    assert tokenizer.decode_tgt(tokenizer.encode_tgt(targets)) == [normalize(t) for t in targets]
+    # Multi30k is clean text: normalization changes only stray spaces, case and punctuation stay.
+    assert sum(normalize(t) != t for t in targets) <= 5
+
+
+def test_unseen_characters_survive_through_byte_fallback(tokenizer):
+    text = "Ein Drache 🐉 im Café Ø."
+    ids = tokenizer.encode_src([text])[0]
+    assert UNK_ID not in ids
+    assert tokenizer.decode_src([ids]) == [text]
+
+
+def test_special_ids_decode_to_nothing(tokenizer):
+    ids = tokenizer.encode_tgt(["A dog runs."])[0]
+    assert tokenizer.decode_tgt([[BOS_ID] + ids + [EOS_ID, PAD_ID, PAD_ID]]) == ["A dog runs."]
+
+
+def test_second_build_with_same_data_reuses_the_cached_model(corpus, cache, tokenizer, caplog):
+    (model_file,) = list(cache.glob("spm/*/joint.model"))
+    mtime = model_file.stat().st_mtime_ns
+    with caplog.at_level(logging.INFO, logger="data.tokenizer"):
+        again = build_tokenizer(corpus["train"][:4000], 2000, True, "unigram", str(cache))
+    assert "using the cached" in caplog.text and "trained" not in caplog.text
+    assert model_file.stat().st_mtime_ns == mtime
+    assert again.src_model == tokenizer.src_model
+
+
+def test_other_data_or_options_train_a_new_model(corpus, cache, tokenizer):
+    build_tokenizer(corpus["train"][:3999], 2000, True, "unigram", str(cache))
+    build_tokenizer(corpus["train"][:4000], 1500, True, "unigram", str(cache))
+    assert len(list(cache.glob("spm/*/joint.model"))) == 3
+
+
+def test_separate_vocabularies(corpus, tmp_path):
+    tok = build_tokenizer(corpus["train"][:2000], 800, False, "bpe", str(tmp_path))
+    assert not tok.joint and tok.src_vocab_size == tok.tgt_vocab_size == 800
+    assert tok.src_model != tok.tgt_model
+    assert tok.decode_tgt(tok.encode_tgt(["Two dogs play."])) == ["Two dogs play."]
+
+
+def test_state_dict_rebuilds_the_same_tokenizer(tokenizer):
+    again = Tokenizer.from_state_dict(tokenizer.state_dict())
+    text = ["Eine Frau mit rotem Hut."]
+    assert again.encode_src(text) == tokenizer.encode_src(text) and again.joint
+
+
+def test_vocabulary_too_large_for_the_data_is_a_clear_error(tmp_path):
+    pairs = [("ein Hund", "a dog"), ("zwei Katzen", "two cats")] * 10
+    with pytest.raises(DataError, match=r"data.vocab_size=5000 is too large .*lower data.vocab_size"):
+        build_tokenizer(pairs, 5000, True, "unigram", str(tmp_path))
