@@ -1,34 +1,26 @@
-# Set-up and entry points. `make test` on a fresh clone builds .venv from requirements.txt and
-# runs the test suite; the venv is rebuilt whenever requirements.txt (or PYTHON) changes.
-#   make test                     create/refresh .venv, then run pytest
-#   make test PYTHON=python3.12   build the venv from another interpreter
-#   make test PYTEST_ARGS='-k attention'
+# Set-up and entry points. On a fresh clone `make test` builds .venv from requirements.txt and runs
+# the tests; .venv is rebuilt when requirements.txt changes or another PYTHON is asked for.
+#   make test                          build/refresh .venv, then run pytest
+#   make test PYTHON=python3.12        build .venv from another interpreter
+#   make test PYTEST_ARGS='-k masks'   pass options to pytest
+#   make bench-attention               the attention benchmark (scripts/bench_attention.py)
 
 PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
-
+# Whether PYTHON was chosen by the user (then a venv of another interpreter is rebuilt).
+PYTHON_EXPLICIT := $(if $(filter command line environment,$(origin PYTHON)),1,0)
 VPY := $(VENV)/bin/python
-# The stamp names the interpreter the venv was built from, so changing PYTHON rebuilds it.
-STAMP := $(VENV)/.installed-$(subst /,_,$(PYTHON))
-TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 
 .PHONY: venv test bench-attention clean-venv
 
-venv: $(STAMP)
+venv:
+	@PYTHON="$(PYTHON)" VENV="$(VENV)" PYTHON_EXPLICIT=$(PYTHON_EXPLICIT) bash scripts/make_venv.sh
 
-$(STAMP): requirements.txt
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	# torch first and pinned: resolving a bare `torch` would pull a multi-GB CUDA build.
-	$(VPY) -m pip install --quiet "$(TORCH_PIN)"
-	$(VPY) -m pip install --quiet -r requirements.txt
-	touch $@
-
-test: $(STAMP)
+test: venv
 	$(VPY) -m pytest $(PYTEST_ARGS)
 
-bench-attention: $(STAMP)
+bench-attention: venv
 	$(VPY) scripts/bench_attention.py
 
 clean-venv:

@@ -7,8 +7,8 @@ Sequence layout (ids from ``data.tokenizer``)::
     tgt_out = y_1 .. y_m EOS        (B, T)   what the decoder must predict
 
 Batch size is a token budget, ``batch_tokens``, counted *with* padding: a batch of ``n`` pairs
-costs ``n * (longest src + longest tgt_in)``, which is what the tensors hold and what memory and
-time scale with. Sorting pairs by length before packing keeps the padding low.
+costs ``n * (S + T)``, the positions of ``src`` plus those of ``tgt_in`` (``tgt_out`` is the same
+sequence shifted), which is what the encoder and decoder compute over. Sorting pairs by length before packing keeps the padding low.
 """
 import random
 from dataclasses import dataclass
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
-from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from data.specials import BOS_ID, EOS_ID, PAD_ID
 
 
 class ParallelDataset(Dataset):

@@ -6,16 +6,20 @@ is a dict ``split name -> list of (source, target) strings``: ``train``, ``val``
 ``test_*`` split. Bad input raises ``DataError`` with a one-line message that names the file(s)
 and says what to do.
 """
+import codecs
 import gzip
 import logging
 import os
 import re
 import socket
+import threading
+import zlib
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlparse
 
 from data.config import DataConfig, FilePair, HubConfig
+from data.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +28,6 @@ Corpus = Dict[str, Pairs]  # split name -> aligned (source, target) pairs
 
 TRAIN, VALID, TEST_PREFIX = "train", "val", "test"
 _SPLIT_FILE = re.compile(r"^(?P<split>train|val|test\w*)\.(?P<lang>[A-Za-z_-]+?)(?:\.gz)?$")
-
-
-class DataError(Exception):
-    """Bad input data or data config; the message is one line that says what to do."""
 
 
 # --- reading files ------------------------------------------------------------------------------
@@ -39,8 +39,13 @@ def read_lines(path: Path) -> List[str]:
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as stream:
-        raw = stream.read()
+    try:
+        with opener(path, "rb") as stream:
+            raw = stream.read()
+    except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read it ({error}); replace the file with an intact copy") from None
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final line end
@@ -114,6 +119,9 @@ def load_files(files: Dict[str, FilePair]) -> Corpus:
     for required in (TRAIN, VALID):
         if required not in files:
             raise DataError(f"data.files has no '{required}' entry; give data.files.{required}.src and .tgt")
+    for split in files:
+        if split not in (TRAIN, VALID) and not split.startswith(TEST_PREFIX):
+            raise DataError(f"data.files.{split}: unknown split name; use train, val, or a name starting with 'test'")
     return {split: read_parallel(Path(pair.src), Path(pair.tgt)) for split, pair in files.items()}
 
 
@@ -123,41 +131,72 @@ def hub_cache_folder(cache_dir: str, hub: HubConfig) -> Path:
 
 
 def check_hub_reachable(timeout: float = 5.0) -> bool:
-    """Whether the hub's host answers, decided in seconds (``datasets`` itself retries for ~25 s)."""
+    """Whether the hub (or the HTTPS proxy in use) accepts a connection within ``timeout`` seconds.
+
+    ``datasets`` itself retries for about 25 s before it gives up; this answers in seconds, name
+    lookup included (run in a thread, because ``getaddrinfo`` has no timeout of its own).
+    """
     from huggingface_hub import constants
 
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlparse(proxy or constants.ENDPOINT)
+    address = (url.hostname, url.port or (80 if url.scheme == "http" else 443))
+    reachable = threading.Event()
+
+    def connect() -> None:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+            reachable.set()
+        except OSError:
+            pass
+
+    probe = threading.Thread(target=connect, daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return reachable.is_set()
+
+
+def hub_offline() -> bool:
+    """The user asked the Hugging Face libraries to work from their cache only."""
+    return any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def download_hub(cfg: DataConfig, folder: Path) -> None:
     """Download ``cfg.hub`` for ``cfg.src``/``cfg.tgt`` and write it to ``folder`` in the raw layout."""
     hub = cfg.hub
-    if not check_hub_reachable():
+    where = f"{hub.path}" + (f" ({hub.name})" if hub.name else "")
+    if not hub_offline() and not check_hub_reachable():
         raise DataError(
-            f"cannot reach the Hugging Face hub to download {hub.path}; set data.root=DIR to a local "
+            f"cannot reach the Hugging Face hub to download {where}; set data.root=DIR to a local "
             f"folder of {{split}}.{{lang}}[.gz] files (the raw Multi30k layout)"
         )
     import datasets
 
-    log.info("downloading %s (%s) from the Hugging Face hub into %s", hub.path, hub.name, folder)
+    log.info("downloading %s from the Hugging Face hub into %s", where, folder)
     folder.mkdir(parents=True, exist_ok=True)
     for ours, theirs in hub.splits.items():
-        records = datasets.load_dataset(hub.path, hub.name, split=theirs, cache_dir=str(folder.parent / "hf"))
+        try:
+            records = datasets.load_dataset(hub.path, hub.name, split=theirs, cache_dir=str(folder.parent / "hf"))
+        except Exception as error:  # network, missing data set or split: one line, with the way out
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise DataError(
+                f"could not load split '{theirs}' of {where} from the hub ({first_line}); "
+                f"check data.hub or set data.root=DIR to a local copy"
+            ) from None
         for lang in (cfg.src, cfg.tgt):
-            texts = (_record_text(record, hub.field, lang, hub.path) for record in records)
+            _check_language(records[0] if len(records) else {}, hub.field, lang, where)
+            texts = (_record_text(record, hub.field, lang) for record in records)
             _write_lines(folder / f"{ours}.{lang}", texts)
 
 
-def _record_text(record: dict, field: Optional[str], lang: str, where: str) -> str:
-    texts = record[field] if field else record
+def _check_language(record: dict, field: Optional[str], lang: str, where: str) -> None:
+    texts = record.get(field, {}) if field else record
     if lang not in texts:
-        raise DataError(f"{where} has no language '{lang}' (found: {', '.join(texts)}); set data.src/data.tgt to one of them")
-    return texts[lang].replace("\n", " ")
+        raise DataError(f"{where} has no language '{lang}' (found: {', '.join(texts) or 'none'}); set data.src/data.tgt to one of them")
+
+
+def _record_text(record: dict, field: Optional[str], lang: str) -> str:
+    return (record[field] if field else record)[lang].replace("\n", " ")
 
 
 def _write_lines(path: Path, lines: Iterable[str]) -> None:
@@ -182,7 +221,7 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         wanted = [folder / f"{split}.{lang}" for split in cfg.hub.splits for lang in (cfg.src, cfg.tgt)]
         if not all(path.is_file() for path in wanted):
             download_hub(cfg, folder)
-        corpus = load_folder(folder, cfg.src, cfg.tgt)
+        corpus = {split: pairs for split, pairs in load_folder(folder, cfg.src, cfg.tgt).items() if split in cfg.hub.splits}
     else:
         raise DataError("the data config names no source: set data.root=DIR, data.files or data.hub")
     if cfg.train_limit is not None:

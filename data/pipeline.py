@@ -11,7 +11,8 @@ from typing import Dict, List
 
 from data.batching import ParallelDataset, TokenBucketSampler, padding_ratio
 from data.config import DataConfig
-from data.corpus import TRAIN, VALID, DataError, Pairs, describe_source, drop_empty_pairs, eval_split_names, load_corpus
+from data.corpus import TRAIN, VALID, Pairs, describe_source, drop_empty_pairs, eval_split_names, load_corpus
+from data.errors import DataError
 from data.tokenizer import Tokenizer, build_tokenizer
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def batch_stats(sampler: TokenBucketSampler) -> Dict[str, float]:
     """Batches per epoch, mean pairs per batch and the padding ratio of the training batches."""
     batches = sampler.epoch_batches()
     return {
+        "batch_tokens": sampler.batch_tokens,
         "batches": len(batches),
         "pairs_per_batch": statistics.fmean(len(b) for b in batches),
         "padding_ratio": padding_ratio(sampler),

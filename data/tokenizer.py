@@ -1,16 +1,12 @@
 """SentencePiece subword tokenization: train once per (training text, options), cache, encode, decode.
 
-Special ids, fixed for every model this project trains (the one place they are defined)::
-
-    PAD_ID = 0  <pad>   padding, never predicted
-    UNK_ID = 1  <unk>   rarely used: byte fallback spells unseen characters as UTF-8 bytes
-    BOS_ID = 2  <s>     starts the decoder input
-    EOS_ID = 3  </s>    ends source and target sequences
+Special ids are fixed for every model (``data/specials.py``): pad 0, unk 1, bos 2, eos 3.
 
 Normalization is SentencePiece's ``nmt_nfkc``: Unicode NFKC plus whitespace clean-up (runs of
 spaces become one, leading and trailing spaces go). Case and punctuation are kept, so decoding
 gives detokenized text that sacrebleu compares with the raw references. ``decode(encode(x))``
-equals ``normalize(x)`` below.
+equals ``normalize(x)`` below (NFKC also turns compatibility characters such as ``…`` or full-width
+forms into their plain equivalents).
 """
 import hashlib
 import io
@@ -19,16 +15,14 @@ import logging
 import time
 import unicodedata
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import sentencepiece as spm
 
-from data.corpus import DataError, Pairs
+from data.errors import DataError
+from data.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-SPECIAL_TOKENS = {"<pad>": PAD_ID, "<unk>": UNK_ID, "<s>": BOS_ID, "</s>": EOS_ID}
 
 
 def normalize(text: str) -> str:
@@ -107,26 +101,30 @@ def train_model(lines: Iterable[str], options: Dict[str, object]) -> bytes:
     try:
         spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, minloglevel=2, **options)
     except RuntimeError as error:
-        message = str(error).splitlines()[-1] if str(error) else "SentencePiece training failed"
-        if "Vocabulary size" in message or "vocab_size" in message:
-            raise DataError(
-                f"data.vocab_size={options['vocab_size']} is too large for this training data ({message.strip()}); "
-                f"lower data.vocab_size"
-            ) from None
-        raise DataError(f"SentencePiece training failed: {message.strip()}") from None
+        message = (str(error).strip().splitlines() or ["SentencePiece training failed"])[-1]
+        message = message.split("] ", 1)[-1].strip()  # drop SentencePiece's source location
+        if "too high" in message:  # "Vocabulary size too high (N). Please set it to a value <= M."
+            advice = "lower data.vocab_size"
+        elif "smaller than required" in message:  # too few pieces for the characters + byte pieces
+            advice = "raise data.vocab_size"
+        else:
+            raise DataError(f"SentencePiece training failed: {message}") from None
+        raise DataError(f"data.vocab_size={options['vocab_size']} does not fit this training data ({message}); {advice}") from None
     return model.getvalue()
 
 
-def cache_key(pairs: Pairs, options: Dict[str, object], joint: bool) -> str:
-    """Hash of the training text and every option: same data and options -> same cached model."""
-    digest = hashlib.sha256(json.dumps({"options": options, "joint": joint}, sort_keys=True).encode())
+def cache_key(pairs: Sequence[Tuple[str, str]], options: Dict[str, object], joint: bool) -> str:
+    """Hash of the training text, the options and the SentencePiece version: same inputs, same model."""
+    settings = {k: v for k, v in options.items() if k != "num_threads"}  # threads do not change the model
+    settings.update(joint=joint, sentencepiece=spm.__version__)
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     for src, tgt in pairs:
         digest.update(src.encode("utf-8") + b"\0" + tgt.encode("utf-8") + b"\n")
     return digest.hexdigest()[:16]
 
 
 def build_tokenizer(
-    pairs: Pairs, vocab_size: int, joint: bool, model_type: str, cache_dir: str
+    pairs: Sequence[Tuple[str, str]], vocab_size: int, joint: bool, model_type: str, cache_dir: str
 ) -> Tokenizer:
     """Train SentencePiece on the training pairs, or load the models cached for the same input."""
     options = spm_options(vocab_size, model_type)

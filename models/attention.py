@@ -38,10 +38,10 @@ def masked_softmax_(scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """Softmax of ``scores`` ``(..., T, S)`` over the key axis, with masked keys at exactly 0.
 
     The trailing underscore says that masked entries of ``scores`` are overwritten in place with
-    ``-inf``: pass a score tensor you own, such as a fresh matmul output. The fill runs outside
-    autograd: the softmax output is exactly 0 at those entries, so the softmax backward already
-    gives them zero gradient, and recording the fill would only add a pass over the largest
-    tensor of attention (and a copy of it in the forward pass).
+    ``-inf``: pass a score tensor you own, such as a fresh matmul output (not a leaf you need
+    later). The fill runs outside autograd: the softmax output is exactly 0 at those entries, so
+    the softmax backward already gives them zero gradient, and recording the fill would only add a
+    pass over the largest tensor of attention to the backward pass.
 
     ``mask`` is boolean and broadcastable to ``scores``. A fully masked row is left unmasked for
     the softmax (a row of ``-inf`` would give NaN in the forward and the backward pass) and its
@@ -89,7 +89,7 @@ def scaled_dot_product_fused(
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (..., T, d_v)
     has_key = rows_with_keys(mask)  # (..., T, 1)
     visible = mask | ~has_key  # (..., T, S)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (..., T, d_v)
     return out * has_key  # (..., T, d_v)
 
 
@@ -108,6 +108,16 @@ def scaled_dot_product_attention(
     if need_weights:
         return scaled_dot_product_explicit(q, k, v, mask, dropout_p)
     return scaled_dot_product_fused(q, k, v, mask, dropout_p), None
+
+
+def check_mask_shape(mask: Tensor, n_queries: int, n_keys: int) -> None:
+    """Refuse a multi-head mask that would broadcast against ``(B, H, T, S)`` in a wrong way."""
+    if mask.dim() not in (2, 4) or mask.size(-2) not in (1, n_queries) or mask.size(-1) != n_keys:
+        raise ValueError(
+            f"multi-head mask must be (T, S) = ({n_queries}, {n_keys}) or 4-d broadcastable to "
+            f"(B, H, {n_queries}, {n_keys}), got shape {tuple(mask.shape)}; lift a (B, S) padding mask "
+            f"with masks.key_mask"
+        )
 
 
 class AdditiveAttention(nn.Module):
@@ -188,7 +198,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
-        self.dropout = dropout
+        self.dropout_p = dropout
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
@@ -213,7 +223,7 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
         """``(B, S, D)`` key and value -> per-head keys and values, each ``(B, H, S, d_k)``."""
-        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))  # (B, H, S, d_k) x 2
 
     def attend(
         self,
@@ -227,15 +237,17 @@ class MultiHeadAttention(nn.Module):
 
         Returns output ``(B, T, D)`` and weights ``(B, H, T, S)`` (None unless ``need_weights``).
         """
-        if mask is not None and mask.dim() not in (2, 4):
-            raise ValueError(
-                f"multi-head mask must be (T, S) or 4-d broadcastable to (B, H, T, S), got shape "
-                f"{tuple(mask.shape)}; lift a (B, S) padding mask with masks.key_mask"
-            )
+        if mask is not None:
+            check_mask_shape(mask, query.size(1), k.size(2))
         q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
-        dropout_p = self.dropout if self.training else 0.0
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)
-        return self.out_proj(self.merge_heads(heads)), weights  # (B, T, D), (B, H, T, S) or None
+        dropout_p = self.dropout_p if self.training else 0.0
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)  # (B, H, T, d_k)
+        out = self.out_proj(self.merge_heads(heads))  # (B, T, D)
+        if mask is not None:
+            # A query with no visible key in any head returns zeros, not W_O's bias.
+            has_key = rows_with_keys(mask)  # (T, 1) or (B|1, H|1, T|1, 1)
+            out = out * (has_key if has_key.dim() == 2 else has_key.any(dim=1))  # (B, T, D)
+        return out, weights  # (B, T, D), (B, H, T, S) or None
 
     def forward(
         self,

@@ -14,7 +14,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from data.batching import TokenBucketSampler  # noqa: E402
 from data.config import data_config  # noqa: E402
-from data.corpus import TRAIN, DataError  # noqa: E402
+from data.corpus import TRAIN  # noqa: E402
+from data.errors import DataError  # noqa: E402
 from data.pipeline import batch_stats, format_stats, prepare_data  # noqa: E402
 
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -35,7 +36,7 @@ def main() -> int:
         start = time.perf_counter()
         train = data.datasets[TRAIN]
         sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), args.batch_tokens, seed=cfg.seed)
-        data.stats["batches"] = dict(batch_stats(sampler), batch_tokens=args.batch_tokens)
+        data.stats["batches"] = batch_stats(sampler)
         data.stats["seconds"]["batches"] = time.perf_counter() - start
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -19,7 +19,8 @@ def multi30k_dir(tmp_path_factory) -> Path:
     if beside.is_dir():
         return beside
     from data.config import data_config
-    from data.corpus import DataError, hub_cache_folder, load_corpus
+    from data.corpus import hub_cache_folder, load_corpus
+    from data.errors import DataError
 
     cfg = data_config(OmegaConf.load(ROOT / "conf" / "data" / "multi30k.yaml"))
     cfg.cache_dir = str(ROOT / cfg.cache_dir)

@@ -87,12 +87,15 @@ def test_mha_accepts_every_documented_mask_shape():
     x = torch.randn(B, T, D)
     full = combine_masks(causal_mask(T), key_mask(padding([5, 4, 2], T)))  # (B, 1, T, T)
     expected, _ = mha(x, x, x, mask=full.expand(B, H, T, T), need_weights=True)
-    for mask in (full, full[:, :, :1].expand(B, 1, T, T).contiguous()):
-        assert mha(x, x, x, mask=mask)[0].shape == (B, T, D)
-    torch.testing.assert_close(mha(x, x, x, mask=full)[0], expected)
+    for need_weights in (True, False):
+        torch.testing.assert_close(mha(x, x, x, mask=full, need_weights=need_weights)[0], expected)
+    keys_only = key_mask(padding([5, 4, 2], T))  # (B, 1, 1, T)
+    torch.testing.assert_close(mha(x, x, x, mask=keys_only)[0], mha(x, x, x, mask=keys_only.expand(B, H, T, T))[0])
     torch.testing.assert_close(mha(x, x, x, mask=causal_mask(T))[0], mha(x, x, x, mask=causal_mask(T)[None, None])[0])
     with pytest.raises(ValueError, match="key_mask"):
         mha(x, x, x, mask=padding([5, 4, 2], T)[:, None, :])  # 3-d would align B with H
+    with pytest.raises(ValueError, match="key_mask"):
+        mha(x, x, x, mask=padding([5, 4, 2], T))  # a bare (B, S) padding mask is not (T, S)
 
 
 def test_mha_rejects_d_model_not_divisible_by_heads():
@@ -134,11 +137,22 @@ def test_explicit_path_is_the_formula():
 
 
 def test_masked_softmax_overwrites_only_masked_scores_and_zeroes_them():
-    scores = torch.randn(2, 3, 4)
+    original = torch.randn(2, 3, 4)
+    scores = original.clone().requires_grad_()
     mask = torch.tensor([True, False, True, False]).expand(2, 3, 4)
-    weights = masked_softmax_(scores, mask)
+    weights = masked_softmax_(scores.clone(), mask)
     assert (weights[..., 1::2] == 0).all()
-    torch.testing.assert_close(weights[..., ::2], torch.softmax(scores[..., ::2], dim=-1))
+    torch.testing.assert_close(weights[..., ::2], torch.softmax(original[..., ::2], dim=-1))
+    # Gradients equal those of a softmax over the visible keys only; masked scores get zero.
+    upstream = torch.randn(2, 3, 4)
+    (grad,) = torch.autograd.grad((weights * upstream).sum(), scores)
+    reference = original[..., ::2].clone().requires_grad_()
+    (expected,) = torch.autograd.grad((torch.softmax(reference, -1) * upstream[..., ::2]).sum(), reference)
+    torch.testing.assert_close(grad[..., ::2], expected)
+    assert (grad[..., 1::2] == 0).all()
+    in_place = original.clone()
+    masked_softmax_(in_place, mask)
+    assert torch.equal(in_place[..., ::2], original[..., ::2])  # visible scores are left alone
 
 
 # --- additive attention ----------------------------------------------------------------------------
@@ -235,9 +249,8 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(name):
 
 
 def test_fully_masked_rows_give_zero_output_in_mha():
-    # Without biases an empty row's output is exactly zero in both paths (out_proj adds its bias).
     mha = MultiHeadAttention(D, H)
-    nn.init.zeros_(mha.out_proj.bias)
+    nn.init.normal_(mha.out_proj.bias)  # a query with no key returns zeros, not this bias
     x = torch.randn(B, T, D, requires_grad=True)
     mask = key_mask(padding([0, 5, 2], T))
     for need_weights in (True, False):
@@ -320,6 +333,19 @@ def test_stepwise_self_attention_with_cached_keys_equals_full_causal_pass(need_w
         cached_v = v if cached_v is None else torch.cat([cached_v, v], dim=2)
         out, _ = mha.attend(step, cached_k, cached_v, mask=causal_mask(1, t + 1), need_weights=need_weights)
         torch.testing.assert_close(out[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_several_new_queries_over_cached_keys_use_the_bottom_right_causal_mask():
+    mha = MultiHeadAttention(D, H).eval()
+    x = torch.randn(B, T, D)
+    full, _ = mha(x, x, x, mask=causal_mask(T))
+    cached_k, cached_v = mha.project_kv(x[:, :2], x[:, :2])  # two earlier steps
+    new = x[:, 2:]  # (B, T - 2, D)
+    k, v = mha.project_kv(new, new)
+    keys, values = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
+    for need_weights in (True, False):
+        out, _ = mha.attend(new, keys, values, mask=causal_mask(T - 2, T), need_weights=need_weights)
+        torch.testing.assert_close(out, full[:, 2:], atol=1e-5, rtol=1e-5)
 
 
 def test_causal_mask_keeps_earlier_outputs_independent_of_later_inputs():

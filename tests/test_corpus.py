@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from data.errors import DataError
+
 from data.config import DataConfig, FilePair, HubConfig
-from data.corpus import DataError, drop_empty_pairs, eval_split_names, load_corpus, load_folder, read_lines
+from data.corpus import drop_empty_pairs, eval_split_names, load_corpus, load_folder, read_lines
 
 
 def write(path: Path, lines, gz: bool = False) -> Path:
@@ -67,6 +69,26 @@ def test_gzip_and_plain_files_read_alike(tmp_path):
     assert read_lines(write(tmp_path / "a.de", lines)) == read_lines(write(tmp_path / "a.de.gz", lines, gz=True)) == lines
 
 
+def test_windows_line_ends_and_a_byte_order_mark_are_not_part_of_the_text(tmp_path):
+    path = tmp_path / "a.en"
+    path.write_bytes(b"\xef\xbb\xbfA dog.\r\nTwo cats.\r\n")
+    assert read_lines(path) == ["A dog.", "Two cats."]
+
+
+def test_plain_text_wins_over_gzip_of_the_same_split(tmp_path):
+    root = small_folder(tmp_path / "d")
+    write(root / "train.xx.gz", ["stale"] * 3, gz=True)
+    assert load_folder(root, "xx", "yy")["train"][0] == ("train xx 0", "train yy 0")
+
+
+def test_corrupt_gzip_is_named(tmp_path):
+    root = small_folder(tmp_path / "d", langs=("de", "en"))
+    (root / "val.de").unlink()
+    (root / "val.de.gz").write_bytes(b"\x1f\x8b\x08\x00broken")
+    with pytest.raises(DataError, match=r"val\.de\.gz: cannot read it"):
+        load_folder(root, "de", "en")
+
+
 def test_mismatched_line_counts_name_both_files_and_counts(tmp_path):
     root = small_folder(tmp_path / "d")
     write(root / "val.yy", ["only one line"])
@@ -124,14 +146,19 @@ def test_own_files_use_the_same_reader(tmp_path):
     files["val"] = FilePair(src=str(root / "val.de"), tgt=str(root / "missing.en"))
     with pytest.raises(DataError, match=r"missing\.en: file not found"):
         load_corpus(DataConfig(files=files))
+    with pytest.raises(DataError, match=r"data.files.dev: unknown split name"):
+        load_corpus(DataConfig(files={**files, "dev": files["train"]}))
 
 
 def test_unreachable_hub_fails_fast_and_points_to_data_root(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "ENDPOINT", "https://hub.invalid")  # unreachable anywhere
+    for name in ("HTTPS_PROXY", "https_proxy", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
     cfg = DataConfig(hub=HubConfig(path="bentrevett/multi30k"), cache_dir=str(tmp_path))
     start = time.perf_counter()
-    with pytest.raises(DataError, match=r"cannot reach the Hugging Face hub .*set data.root=DIR"):
+    with pytest.raises(DataError, match=r"cannot reach the Hugging Face hub .*set data.root=DIR") as error:
         load_corpus(cfg)
     assert time.perf_counter() - start < 15
+    assert "\n" not in str(error.value)

@@ -1,12 +1,14 @@
 from pathlib import Path
 
 import pytest
+
+from data.errors import DataError
 from hydra import compose, initialize_config_dir
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from data.batching import TokenBucketSampler
 from data.config import data_config
-from data.corpus import DataError, load_folder
+from data.corpus import load_folder
 from data.pipeline import batch_stats, format_stats, prepare_data
 from data.tokenizer import normalize
 
@@ -36,7 +38,7 @@ def test_long_training_pairs_are_dropped_but_evaluation_splits_stay_whole(prepar
 def test_stats_block_reports_splits_drops_vocabulary_and_padding(prepared):
     train = prepared.datasets["train"]
     sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), 2000)
-    prepared.stats["batches"] = dict(batch_stats(sampler), batch_tokens=2000)
+    prepared.stats["batches"] = batch_stats(sampler)
     block = format_stats(prepared.stats)
     assert "test_2016_flickr" in block and "1014 pairs" in block
     assert f"{prepared.stats['dropped_long']} too long" in block

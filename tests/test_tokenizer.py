@@ -2,7 +2,9 @@ import logging
 
 import pytest
 
-from data.corpus import DataError, load_folder
+from data.errors import DataError
+
+from data.corpus import load_folder
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, normalize
 
 
@@ -50,7 +52,7 @@ def test_special_ids_decode_to_nothing(tokenizer):
 
 
 def test_second_build_with_same_data_reuses_the_cached_model(corpus, cache, tokenizer, caplog):
-    (model_file,) = list(cache.glob("spm/*/joint.model"))
+    (model_file,) = [path for path in cache.glob("spm/*/joint.model") if path.read_bytes() == tokenizer.src_model]
     mtime = model_file.stat().st_mtime_ns
     with caplog.at_level(logging.INFO, logger="data.tokenizer"):
         again = build_tokenizer(corpus["train"][:4000], 2000, True, "unigram", str(cache))
@@ -60,9 +62,10 @@ def test_second_build_with_same_data_reuses_the_cached_model(corpus, cache, toke
 
 
 def test_other_data_or_options_train_a_new_model(corpus, cache, tokenizer):
+    before = len(list(cache.glob("spm/*/joint.model")))
     build_tokenizer(corpus["train"][:3999], 2000, True, "unigram", str(cache))
     build_tokenizer(corpus["train"][:4000], 1500, True, "unigram", str(cache))
-    assert len(list(cache.glob("spm/*/joint.model"))) == 3
+    assert len(list(cache.glob("spm/*/joint.model"))) == before + 2
 
 
 def test_separate_vocabularies(corpus, tmp_path):
@@ -80,5 +83,7 @@ def test_state_dict_rebuilds_the_same_tokenizer(tokenizer):
 
 def test_vocabulary_too_large_for_the_data_is_a_clear_error(tmp_path):
     pairs = [("ein Hund", "a dog"), ("zwei Katzen", "two cats")] * 10
-    with pytest.raises(DataError, match=r"data.vocab_size=5000 is too large .*lower data.vocab_size"):
+    with pytest.raises(DataError, match=r"data.vocab_size=5000 does not fit .*too high.*lower data.vocab_size$"):
         build_tokenizer(pairs, 5000, True, "unigram", str(tmp_path))
+    with pytest.raises(DataError, match=r"data.vocab_size=100 does not fit .*raise data.vocab_size$"):
+        build_tokenizer(pairs, 100, True, "unigram", str(tmp_path))
