@@ -46,20 +46,17 @@ def read_lines(path: Path) -> List[str]:
         raise DataError(f"{path}: cannot read it ({error}); replace the file with an intact copy") from None
     if raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8) :]
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # the final line end
-    return [_decode_line(line, path, number) for number, line in enumerate(lines, start=1)]
-
-
-def _decode_line(line: bytes, path: Path, number: int) -> str:
     try:
-        return line.decode("utf-8").rstrip("\r")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
         raise DataError(
-            f"{path} line {number}: invalid UTF-8 ({error.reason} at byte {error.start}); "
-            f"re-encode the file as UTF-8, e.g. with iconv -t UTF-8"
+            f"{path} line {line}: invalid UTF-8 ({error.reason}); re-encode the file as UTF-8, e.g. with iconv -t UTF-8"
         ) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final line end
+    return [line.rstrip("\r") for line in lines]
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> Pairs:

@@ -28,7 +28,7 @@ class PreparedData:
 
     @property
     def test_splits(self) -> List[str]:
-        return [split for split in self.datasets if split not in (TRAIN, VALID)]
+        return eval_split_names(self.datasets)
 
 
 def filter_long(src: List[List[int]], tgt: List[List[int]], max_len: int):
