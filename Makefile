@@ -3,19 +3,25 @@
 #   make test                          build/refresh .venv, then run pytest
 #   make test PYTHON=python3.12        build .venv from another interpreter
 #   make test PYTEST_ARGS='-k masks'   pass options to pytest
+#   make train                         build/refresh .venv, then train the default experiment
+#   make train ARGS='model=rnn data.root=DIR'   ... with Hydra overrides
 #   make bench-attention               the attention benchmark (scripts/bench_attention.py)
 
 PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
+ARGS ?=
 # Whether PYTHON was chosen by the user (then a venv of another interpreter is rebuilt).
 PYTHON_EXPLICIT := $(if $(filter command line environment,$(origin PYTHON)),1,0)
 VPY := $(VENV)/bin/python
 
-.PHONY: venv test bench-attention clean-venv
+.PHONY: venv train test bench-attention clean-venv
 
 venv:
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" PYTHON_EXPLICIT=$(PYTHON_EXPLICIT) bash scripts/make_venv.sh
+
+train: venv
+	$(VPY) train.py $(ARGS)
 
 test: venv
 	$(VPY) -m pytest $(PYTEST_ARGS)

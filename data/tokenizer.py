@@ -68,6 +68,13 @@ class Tokenizer:
         """Detokenized text of target id sequences (pad, BOS and EOS decode to nothing)."""
         return self.tgt.decode([list(seq) for seq in ids])
 
+    def src_pieces(self, ids: Sequence[int]) -> List[str]:
+        """Subword pieces of source ids (EOS shown as ``</s>``), e.g. for attention plot axes."""
+        return [self.src.id_to_piece(int(i)) for i in ids]
+
+    def tgt_pieces(self, ids: Sequence[int]) -> List[str]:
+        return [self.tgt.id_to_piece(int(i)) for i in ids]
+
     def state_dict(self) -> Dict[str, Optional[bytes]]:
         return {"src_model": self.src_model, "tgt_model": self.tgt_model}
 

@@ -1,4 +1,4 @@
-"""Model code: attention, masks and (in later issues) the two model families.
+"""Model code: masks, attention, the two model families, search.
 
 Imports only torch, so every module can be used on its own, in a notebook or another project.
 """

@@ -42,3 +42,39 @@ def multi30k_config(multi30k_dir):
         return cfg
 
     return make
+
+
+def write_slice(source: Path, target: Path, sizes) -> Path:
+    """Copy the first ``sizes[split]`` lines of each split of a raw-layout folder into ``target``."""
+    from data.corpus import read_lines, split_files
+
+    target.mkdir(parents=True, exist_ok=True)
+    for split, langs in split_files(source).items():
+        if split not in sizes:
+            continue
+        for lang, path in langs.items():
+            lines = read_lines(path)[: sizes[split]]
+            (target / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return target
+
+
+@pytest.fixture(scope="session")
+def multi30k_slice(multi30k_dir, tmp_path_factory) -> Path:
+    """A small real slice of Multi30k in the raw layout: 400 train, 40 val, 30 test pairs."""
+    return write_slice(multi30k_dir, tmp_path_factory.mktemp("m30k_slice"), {"train": 400, "val": 40, "test_2016_flickr": 30})
+
+
+@pytest.fixture(scope="session")
+def compose_config():
+    """Compose ``conf/config.yaml`` with overrides through Hydra's compose API."""
+    from hydra import compose, initialize_config_dir
+
+    from training.config import register_configs
+
+    register_configs()
+
+    def make(overrides):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            return compose("config", overrides=list(overrides))
+
+    return make

@@ -1,0 +1,158 @@
+"""RNN encoder-decoder with additive attention (Bahdanau et al. 2015).
+
+Encoder: a bidirectional GRU (or LSTM) over the source; its states ``h_j = [fwd_j; bwd_j]`` are
+the keys and values of attention. A bridge ``tanh(W_b [fwd_final; bwd_final])`` gives the
+decoder's initial state.
+
+Decoder, at target step ``t`` (the paper's appendix A.2, with a tanh readout instead of maxout):
+
+    c_t, a_t = Attention(query=s_{t-1}, keys=values=h)      context and weights over the source
+    s_t      = RNN([E y_{t-1}; c_t], s_{t-1})                the context is fed into the step
+    o_t      = Dropout(tanh(W_o [s_t; c_t; E y_{t-1}]))      readout from state, context, embedding
+    logits_t = W_out o_t                                      W_out optionally tied to E
+
+The key projection ``W_k h`` of the attention is computed once per sentence and kept in the
+decoder state. Only the attention and the RNN cell run step by step; the readout and the output
+layer run over all steps at once in a teacher-forced pass.
+"""
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from models.attention import AdditiveAttention
+from models.config import RNNConfig
+from models.embeddings import OutputLayer, TokenEmbedding
+from models.masks import key_mask
+from models.seq2seq import Encoded
+
+State = Dict[str, Tensor]  # memory (B, S, 2H), keys (B, S, A), src_mask (B, S), hidden (B, L, H) [, cell (B, L, H)]
+
+
+def make_rnn(cell: str, input_size: int, hidden_size: int, layers: int, dropout: float, bidirectional: bool) -> nn.RNNBase:
+    if cell not in ("gru", "lstm"):
+        raise ValueError(f"model.cell must be 'gru' or 'lstm', got {cell!r}")
+    rnn_class = nn.GRU if cell == "gru" else nn.LSTM
+    return rnn_class(
+        input_size, hidden_size, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional
+    )
+
+
+class RNNEncoder(nn.Module):
+    def __init__(self, cfg: RNNConfig, embed: TokenEmbedding):
+        super().__init__()
+        self.embed = embed
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.rnn = make_rnn(cfg.cell, cfg.embed_dim, cfg.hidden_size, cfg.encoder_layers, cfg.dropout, bidirectional=True)
+
+    def forward(self, src: Tensor, src_mask: Tensor) -> Tuple[Tensor, Tensor]:
+        """``src`` ``(B, S)`` -> states ``(B, S, 2H)`` (zero at padding) and final states ``(B, 2H)``."""
+        lengths = src_mask.sum(dim=1).clamp(min=1).cpu()  # (B,) an empty source still runs one step
+        embedded = self.dropout(self.embed(src))  # (B, S, E)
+        packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
+        outputs, final = self.rnn(packed)
+        memory, _ = pad_packed_sequence(outputs, batch_first=True, total_length=src.size(1))  # (B, S, 2H)
+        hidden = final[0] if isinstance(final, tuple) else final  # (2 L, B, H)
+        top = torch.cat([hidden[-2], hidden[-1]], dim=-1)  # (B, 2H) last layer, forward and backward
+        return memory, top
+
+
+class RNNDecoder(nn.Module):
+    def __init__(self, cfg: RNNConfig, embed: TokenEmbedding, vocab_size: int):
+        super().__init__()
+        memory_size = 2 * cfg.hidden_size
+        self.cell, self.layers, self.hidden_size = cfg.cell, cfg.decoder_layers, cfg.hidden_size
+        self.embed = embed
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.bridge = nn.Linear(memory_size, cfg.decoder_layers * cfg.hidden_size)
+        self.attention = AdditiveAttention(cfg.hidden_size, memory_size, cfg.attention_size)
+        self.rnn = make_rnn(cfg.cell, cfg.embed_dim + memory_size, cfg.hidden_size, cfg.decoder_layers, cfg.dropout, False)
+        self.readout = nn.Linear(cfg.hidden_size + memory_size + cfg.embed_dim, cfg.embed_dim)
+        self.output = OutputLayer(cfg.embed_dim, vocab_size, embed if cfg.tie_output else None)
+
+    def start_state(self, encoded: Encoded) -> State:
+        batch = encoded.memory.size(0)
+        hidden = torch.tanh(self.bridge(encoded.final)).view(batch, self.layers, self.hidden_size)  # (B, L, H)
+        state = {
+            "memory": encoded.memory,
+            "keys": self.attention.project_keys(encoded.memory),  # (B, S, A) once per sentence
+            "src_mask": encoded.src_mask,
+            "hidden": hidden,
+        }
+        if self.cell == "lstm":
+            state["cell"] = torch.zeros_like(hidden)  # (B, L, H)
+        return state
+
+    def step(self, embedded: Tensor, state: State) -> Tuple[Tensor, Tensor, Tensor, State]:
+        """One recurrence step for embedded previous tokens ``(B, E)``.
+
+        Returns the new top state ``s_t`` ``(B, H)``, context ``c_t`` ``(B, 2H)``, weights ``(B, S)``
+        and the new state.
+        """
+        query = state["hidden"][:, -1:]  # (B, 1, H) s_{t-1} of the top layer
+        mask = key_mask(state["src_mask"], n_heads_dim=False)  # (B, 1, S)
+        context, weights = self.attention(query, None, state["memory"], mask, projected_keys=state["keys"])  # (B, 1, 2H)
+        rnn_input = torch.cat([embedded.unsqueeze(1), context], dim=-1)  # (B, 1, E + 2H)
+        hidden = state["hidden"].transpose(0, 1).contiguous()  # (L, B, H)
+        if self.cell == "lstm":
+            output, (hidden, cell) = self.rnn(rnn_input, (hidden, state["cell"].transpose(0, 1).contiguous()))
+        else:
+            output, hidden = self.rnn(rnn_input, hidden)  # (B, 1, H), (L, B, H)
+        new_state = dict(state, hidden=hidden.transpose(0, 1))  # (B, L, H)
+        if self.cell == "lstm":
+            new_state["cell"] = cell.transpose(0, 1)  # (B, L, H)
+        return output[:, 0], context[:, 0], weights[:, 0], new_state
+
+    def logits(self, top: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
+        """Readout: ``(..., H)``, ``(..., 2H)``, ``(..., E)`` -> logits ``(..., V)``."""
+        readout = torch.tanh(self.readout(torch.cat([top, context, embedded], dim=-1)))  # (..., E)
+        return self.output(self.dropout(readout))  # (..., V)
+
+
+class RNNModel(nn.Module):
+    """RNN encoder-decoder following the contract in ``models/seq2seq.py``."""
+
+    def __init__(self, cfg: RNNConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0):
+        super().__init__()
+        self.cfg, self.pad_id = cfg, pad_id
+        tgt_embed = TokenEmbedding(tgt_vocab_size, cfg.embed_dim, pad_id)
+        share = cfg.share_embeddings and src_vocab_size == tgt_vocab_size
+        src_embed = tgt_embed if share else TokenEmbedding(src_vocab_size, cfg.embed_dim, pad_id)
+        self.encoder = RNNEncoder(cfg, src_embed)
+        self.decoder = RNNDecoder(cfg, tgt_embed, tgt_vocab_size)
+
+    def encode(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> Encoded:
+        """``src`` ``(B, S)``, ``src_mask`` ``(B, S)`` -> memory ``(B, S, 2H)``, final ``(B, 2H)``.
+
+        (An RNN encoder has no attention: ``need_weights`` is accepted for the common contract.)
+        """
+        memory, final = self.encoder(src, src_mask)
+        return Encoded(memory=memory, src_mask=src_mask, final=final)
+
+    def start_state(self, encoded: Encoded) -> State:
+        return self.decoder.start_state(encoded)
+
+    def decode_step(self, tokens: Tensor, state: State, need_weights: bool = False) -> Tuple[Tensor, State, Optional[Tensor]]:
+        """``tokens`` ``(B,)`` -> logits ``(B, V)``, new state, attention weights ``(B, S)``."""
+        embedded = self.decoder.dropout(self.decoder.embed(tokens))  # (B, E)
+        top, context, weights, state = self.decoder.step(embedded, state)
+        return self.decoder.logits(top, context, embedded), state, weights if need_weights else None
+
+    def forward(
+        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False
+    ) -> Tuple[Tensor, Dict[str, Tensor]]:
+        """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``.
+
+        With ``need_weights``, ``attention["cross"]`` holds the additive attention ``(B, T, S)``.
+        """
+        state = self.start_state(self.encode(src, src_mask))
+        embedded = self.decoder.dropout(self.decoder.embed(tgt_in))  # (B, T, E)
+        tops, contexts, weights = [], [], []
+        for t in range(tgt_in.size(1)):
+            top, context, step_weights, state = self.decoder.step(embedded[:, t], state)
+            tops.append(top)
+            contexts.append(context)
+            weights.append(step_weights)
+        logits = self.decoder.logits(torch.stack(tops, 1), torch.stack(contexts, 1), embedded)  # (B, T, V)
+        return logits, ({"cross": torch.stack(weights, 1)} if need_weights else {})  # (B, T, S)

@@ -1,0 +1,197 @@
+"""Encoder-decoder Transformer (Vaswani et al. 2017) on ``MultiHeadAttention``.
+
+Pre-norm by default (``x + Dropout(SubLayer(LayerNorm(x)))`` and a final LayerNorm on both
+stacks; Wang et al. 2019 find it trains more stably for small data and short schedules), post-norm
+(``LayerNorm(x + Dropout(SubLayer(x)))``, the paper's original) as an option.
+
+The decoder runs the same code for training and for step-wise decoding: its self-attention keys
+and values are kept in a per-layer cache that a full pass starts empty, and a decoding step
+extends by one position. The cross-attention keys and values are projected from the encoder
+output once per sentence.
+"""
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from models.attention import MultiHeadAttention
+from models.config import TransformerConfig
+from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding
+from models.masks import causal_mask, combine_masks, key_mask, padding_mask_from_ids
+from models.seq2seq import Encoded
+
+LayerCache = Dict[str, Tensor]  # self_k, self_v (B, H, t, d_k) so far; cross_k, cross_v (B, H, S, d_k)
+
+
+class FeedForward(nn.Module):
+    """Position-wise ``W_2 ReLU(W_1 x)`` (section 3.3)."""
+
+    def __init__(self, d_model: int, ff_size: int, dropout: float):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, ff_size), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_size, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)  # (B, L, D)
+
+
+class Residual(nn.Module):
+    """A sub-layer's residual connection with its LayerNorm before (pre-norm) or after (post-norm)."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def inputs(self, x: Tensor) -> Tensor:
+        """What the sub-layer reads: the normalised ``x`` (pre-norm) or ``x`` itself."""
+        return self.norm(x) if self.pre_norm else x
+
+    def add(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
+        out = x + self.dropout(sublayer_out)
+        return out if self.pre_norm else self.norm(out)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, cfg.dropout)
+        self.attn_residual = Residual(cfg.d_model, cfg.dropout, pre)
+        self.ff_residual = Residual(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
+        """``x`` ``(B, S, D)``, ``mask`` ``(B, 1, 1, S)`` -> ``(B, S, D)``, weights ``(B, H, S, S)`` or None."""
+        h = self.attn_residual.inputs(x)  # (B, S, D)
+        attended, weights = self.self_attn(h, h, h, mask, need_weights)  # (B, S, D)
+        x = self.attn_residual.add(x, attended)  # (B, S, D)
+        x = self.ff_residual.add(x, self.feed_forward(self.ff_residual.inputs(x)))  # (B, S, D)
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, cfg.dropout)
+        self.self_residual = Residual(cfg.d_model, cfg.dropout, pre)
+        self.cross_residual = Residual(cfg.d_model, cfg.dropout, pre)
+        self.ff_residual = Residual(cfg.d_model, cfg.dropout, pre)
+
+    def start_cache(self, memory: Tensor) -> LayerCache:
+        """Project the encoder output ``(B, S, D)`` for cross-attention; empty self-attention cache."""
+        cross_k, cross_v = self.cross_attn.project_kv(memory, memory)  # (B, H, S, d_k) x 2
+        empty = cross_k.new_zeros(cross_k.size(0), cross_k.size(1), 0, cross_k.size(3))  # (B, H, 0, d_k)
+        return {"self_k": empty, "self_v": empty, "cross_k": cross_k, "cross_v": cross_v}
+
+    def forward(
+        self, x: Tensor, cache: LayerCache, self_mask: Optional[Tensor], cross_mask: Tensor, need_weights: bool = False
+    ) -> Tuple[Tensor, LayerCache, Tuple[Optional[Tensor], Optional[Tensor]]]:
+        """Decode ``T`` new positions ``x`` ``(B, T, D)`` after the ``t`` positions in ``cache``.
+
+        ``self_mask`` broadcastable to ``(B, H, T, t + T)`` (None: every cached and new position
+        up to the query is visible, as in a one-step decode); ``cross_mask`` ``(B, 1, 1, S)``.
+        Returns ``(B, T, D)``, the extended cache, and the self ``(B, H, T, t + T)`` and cross
+        ``(B, H, T, S)`` weights (None unless ``need_weights``).
+        """
+        h = self.self_residual.inputs(x)  # (B, T, D)
+        new_k, new_v = self.self_attn.project_kv(h, h)  # (B, H, T, d_k) x 2
+        self_k = torch.cat([cache["self_k"], new_k], dim=2)  # (B, H, t + T, d_k)
+        self_v = torch.cat([cache["self_v"], new_v], dim=2)  # (B, H, t + T, d_k)
+        attended, self_weights = self.self_attn.attend(h, self_k, self_v, self_mask, need_weights)  # (B, T, D)
+        x = self.self_residual.add(x, attended)  # (B, T, D)
+        h = self.cross_residual.inputs(x)  # (B, T, D)
+        attended, cross_weights = self.cross_attn.attend(h, cache["cross_k"], cache["cross_v"], cross_mask, need_weights)
+        x = self.cross_residual.add(x, attended)  # (B, T, D)
+        x = self.ff_residual.add(x, self.feed_forward(self.ff_residual.inputs(x)))  # (B, T, D)
+        cache = {"self_k": self_k, "self_v": self_v, "cross_k": cache["cross_k"], "cross_v": cache["cross_v"]}
+        return x, cache, (self_weights, cross_weights)
+
+
+class Transformer(nn.Module):
+    """Transformer encoder-decoder following the contract in ``models/seq2seq.py``."""
+
+    def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0):
+        super().__init__()
+        if cfg.norm not in ("pre", "post"):
+            raise ValueError(f"model.norm must be 'pre' or 'post', got {cfg.norm!r}")
+        self.cfg, self.pad_id = cfg, pad_id
+        self.tgt_embed = TokenEmbedding(tgt_vocab_size, cfg.d_model, pad_id, scale=True)
+        share = cfg.share_embeddings and src_vocab_size == tgt_vocab_size
+        self.src_embed = self.tgt_embed if share else TokenEmbedding(src_vocab_size, cfg.d_model, pad_id, scale=True)
+        self.positions = PositionalEncoding(cfg.d_model, cfg.positions, cfg.max_positions)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm leaves the residual stream unnormalised: normalise once at the top of each stack.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.output = OutputLayer(cfg.d_model, tgt_vocab_size, self.tgt_embed if cfg.tie_output else None)
+
+    def encode(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> Encoded:
+        """``src`` ids ``(B, S)``, ``src_mask`` ``(B, S)`` -> ``Encoded`` with memory ``(B, S, D)``.
+
+        With ``need_weights`` the encoder self-attention of every layer, ``(B, H, S, S)`` each, is
+        in ``attention["encoder_self"]``.
+        """
+        x = self.dropout(self.positions(self.src_embed(src)))  # (B, S, D)
+        mask = key_mask(src_mask)  # (B, 1, 1, S)
+        weights: List[Optional[Tensor]] = []
+        for layer in self.encoder_layers:
+            x, layer_weights = layer(x, mask, need_weights)  # (B, S, D)
+            weights.append(layer_weights)
+        attention = {"encoder_self": weights} if need_weights else {}
+        return Encoded(memory=self.encoder_norm(x), src_mask=src_mask, attention=attention)
+
+    def start_state(self, encoded: Encoded) -> Dict[str, object]:
+        layers = [layer.start_cache(encoded.memory) for layer in self.decoder_layers]
+        return {"src_mask": encoded.src_mask, "layers": layers}
+
+    def decode(
+        self, tokens: Tensor, state: Dict[str, object], self_mask: Optional[Tensor], need_weights: bool = False
+    ) -> Tuple[Tensor, Dict[str, object], Dict[str, List[Optional[Tensor]]]]:
+        """Run the decoder over ``T`` new target tokens ``(B, T)`` after those in ``state``.
+
+        Returns logits ``(B, T, V)``, the extended state, and per-layer weights
+        ``{"decoder_self": [(B, H, T, t + T)], "cross": [(B, H, T, S)]}`` (None entries unless asked).
+        """
+        offset = state["layers"][0]["self_k"].size(2) if state["layers"] else 0
+        x = self.dropout(self.positions(self.tgt_embed(tokens), offset))  # (B, T, D)
+        cross_mask = key_mask(state["src_mask"])  # (B, 1, 1, S)
+        caches, self_weights, cross_weights = [], [], []
+        for layer, cache in zip(self.decoder_layers, state["layers"]):
+            x, cache, (self_w, cross_w) = layer(x, cache, self_mask, cross_mask, need_weights)  # (B, T, D)
+            caches.append(cache)
+            self_weights.append(self_w)
+            cross_weights.append(cross_w)
+        logits = self.output(self.decoder_norm(x))  # (B, T, V)
+        state = {"src_mask": state["src_mask"], "layers": caches}
+        return logits, state, {"decoder_self": self_weights, "cross": cross_weights}
+
+    def forward(
+        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False
+    ) -> Tuple[Tensor, Dict[str, List[Optional[Tensor]]]]:
+        """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``.
+
+        The decoder self-attention sees earlier positions only (causal mask) and no padding.
+        """
+        encoded = self.encode(src, src_mask, need_weights)
+        tgt_len = tgt_in.size(1)
+        self_mask = combine_masks(
+            causal_mask(tgt_len, device=tgt_in.device), key_mask(padding_mask_from_ids(tgt_in, self.pad_id))
+        )  # (B, 1, T, T)
+        logits, _, attention = self.decode(tgt_in, self.start_state(encoded), self_mask, need_weights)
+        attention.update(encoded.attention)
+        return logits, attention
+
+    def decode_step(
+        self, tokens: Tensor, state: Dict[str, object], need_weights: bool = False
+    ) -> Tuple[Tensor, Dict[str, object], Optional[Tensor]]:
+        """One step: ``tokens`` ``(B,)`` -> logits ``(B, V)``, new state, and (when asked) the last
+        layer's cross-attention averaged over heads ``(B, S)``."""
+        logits, state, attention = self.decode(tokens.unsqueeze(1), state, None, need_weights)  # (B, 1, V)
+        weights = attention["cross"][-1][:, :, 0].mean(dim=1) if need_weights else None  # (B, S)
+        return logits[:, 0], state, weights

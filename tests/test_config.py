@@ -1,0 +1,129 @@
+"""The Hydra config (conf/, training/config.py): every option composes and builds; typos fail early."""
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+from data.config import DataConfig, data_config
+from data.specials import BOS_ID, PAD_ID
+from models.build import build_model
+from models.config import RNNConfig, TransformerConfig
+from training.config import TrainerConfig, model_config, register_configs
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def options(group: str):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml") if not p.stem.endswith("_schema"))
+
+
+def compose_config(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_every_group_has_options():
+    assert {"rnn", "transformer"} <= set(options("model"))
+    assert {"rnn", "transformer"} <= set(options("trainer"))
+    assert "multi30k" in options("data")
+
+
+@pytest.mark.parametrize("name", options("model"))
+def test_every_model_option_composes_builds_and_runs(name):
+    cfg = compose_config(f"model={name}")
+    model_cfg = model_config(cfg.model)
+    assert isinstance(model_cfg, RNNConfig if model_cfg.name == "rnn" else TransformerConfig)
+    torch.manual_seed(0)
+    model = build_model(model_cfg, 100, 100).eval()
+    src = torch.tensor([[5, 6, 7, 3], [8, 3, PAD_ID, PAD_ID]])
+    tgt_in = torch.tensor([[BOS_ID, 9, 10], [BOS_ID, 11, PAD_ID]])
+    with torch.no_grad():
+        logits, _ = model(src, src != PAD_ID, tgt_in)
+    assert logits.shape == (2, 3, 100)
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", options("trainer"))
+def test_every_trainer_option_composes(name):
+    trainer = OmegaConf.to_object(compose_config(f"trainer={name}").trainer)
+    assert isinstance(trainer, TrainerConfig)
+    assert trainer.schedule in ("inverse_sqrt", "exponential", "constant")
+
+
+@pytest.mark.parametrize("name", options("data"))
+def test_every_data_option_composes(name):
+    cfg = compose_config(f"data={name}", "data.root=/nowhere")
+    assert cfg.data.name == name
+    assert cfg.data.root == "/nowhere"
+    if name != "files":  # data=files needs its paths (tested below)
+        assert isinstance(data_config(cfg.data), DataConfig)
+
+
+def test_files_data_takes_paths_from_overrides():
+    pairs = [f"data.files.{split}.{side}=corpus/{split}.{side}" for split in ("train", "val") for side in ("src", "tgt")]
+    data = data_config(compose_config("data=files", *pairs).data)
+    assert data.files["train"].src == "corpus/train.src"
+    assert data.files["val"].tgt == "corpus/val.tgt"
+
+
+def test_the_trainer_follows_the_model():
+    assert compose_config().trainer.schedule == "inverse_sqrt"
+    assert compose_config("model=rnn").trainer.schedule == "exponential"
+    assert compose_config("model=rnn_large").trainer.max_epochs == 30
+    # An explicit trainer wins over the model's.
+    assert compose_config("model=rnn", "trainer=transformer").trainer.schedule == "inverse_sqrt"
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["model.d_modl=3", "trainer.bogus=1", "data.bogus=1", "bogus=1", "trainer.lr=abc", "model.d_model=abc",
+     "data.vocab_size=x", "seed=x", "model=rnn model.d_model=3"],
+)
+def test_unknown_keys_and_wrong_types_fail_when_composing(override):
+    with pytest.raises(ConfigCompositionException):
+        compose_config(*override.split())
+
+
+@pytest.mark.parametrize("override", ["model.norm=sideways", "model.positions=rotary", "model=rnn model.cell=rnn"])
+def test_unknown_choices_fail_when_building(override):
+    cfg = compose_config(*override.split())
+    with pytest.raises(ValueError, match=override.split(".")[-1].split("=")[0]):
+        build_model(model_config(cfg.model), 100, 100)
+
+
+def test_spec_keys_and_defaults():
+    """The keys SPEC.md promises, with their documented defaults."""
+    cfg = compose_config()
+    assert cfg.model.name == "transformer"
+    assert cfg.data.name == "multi30k"
+    assert cfg.data.root is None
+    assert (cfg.data.src, cfg.data.tgt) == ("de", "en")
+    assert cfg.data.train_limit is None
+    assert cfg.data.vocab_size == 8000
+    trainer = cfg.trainer
+    assert trainer.max_epochs is None or trainer.max_epochs > 0
+    assert "max_steps" in trainer and (trainer.max_steps is None or trainer.max_steps > 0)
+    assert trainer.max_epochs is not None or trainer.max_steps is not None
+    assert trainer.batch_tokens > 0
+    assert trainer.eval_every is None
+    assert "patience" in trainer and (trainer.patience is None or trainer.patience > 0)
+    assert trainer.beam_size == 5
+    assert trainer.resume is None
+    assert cfg.device == "auto"
+    assert cfg.seed == 1
+
+
+def test_overrides_reach_the_config():
+    cfg = compose_config("model=rnn", "model.cell=lstm", "trainer.max_steps=7", "data.train_limit=100", "seed=3")
+    assert model_config(cfg.model) == RNNConfig(cell="lstm")
+    assert (cfg.trainer.max_steps, cfg.data.train_limit, cfg.seed) == (7, 100, 3)
+
+
+def test_model_config_of_a_plain_node_checks_the_name():
+    assert model_config(OmegaConf.create({"name": "rnn", "hidden_size": 8})) == RNNConfig(hidden_size=8)
+    with pytest.raises(ValueError, match="model.name"):
+        model_config(OmegaConf.create({"name": "lstm"}))

@@ -1,0 +1,231 @@
+"""Greedy and beam search (models/search.py) over both model families.
+
+Most tests decode with small randomly initialised models; ``Biased`` wraps a real model and adds a
+bias to its logits, to make chosen tokens likely or certain.
+"""
+import itertools
+from typing import Optional
+
+import pytest
+import torch
+from torch import nn
+
+from data.specials import BOS_ID, EOS_ID, PAD_ID
+from models.build import build_model
+from models.config import RNNConfig, TransformerConfig
+from models.search import beam_search, greedy_search, output_limit
+
+V = 40
+
+FAMILIES = {
+    "transformer": lambda: TransformerConfig(d_model=32, n_heads=4, ff_size=64, encoder_layers=2, decoder_layers=2),
+    "rnn": lambda: RNNConfig(embed_dim=24, hidden_size=32, attention_size=16),
+}
+
+
+def tiny(family: str, vocab: int = V, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return build_model(FAMILIES[family](), vocab, vocab).eval()
+
+
+def sources(vocab: int = V):
+    """A padded source batch ``(4, 7)`` (lengths 7, 5, 3, 1) and its mask."""
+    generator = torch.Generator().manual_seed(1)
+    src = torch.randint(4, vocab, (4, 7), generator=generator)
+    for row, length in enumerate([7, 5, 3, 1]):
+        src[row, length - 1] = EOS_ID
+        src[row, length:] = PAD_ID
+    return src, src != PAD_ID
+
+
+class Biased(nn.Module):
+    """A real model whose ``decode_step`` logits at step ``t`` (from 0) get ``bias + t * ramp`` added.
+
+    Follows the seq2seq contract: the step count is part of the state, a ``(B,)`` tensor.
+    """
+
+    def __init__(self, model: nn.Module, bias: torch.Tensor, ramp: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.model, self.bias = model, bias
+        self.ramp = torch.zeros_like(bias) if ramp is None else ramp
+
+    def encode(self, src, src_mask, need_weights=False):
+        return self.model.encode(src, src_mask, need_weights)
+
+    def start_state(self, encoded):
+        return {"inner": self.model.start_state(encoded), "step": torch.zeros(encoded.memory.size(0))}
+
+    def decode_step(self, tokens, state, need_weights=False):
+        logits, inner, weights = self.model.decode_step(tokens, state["inner"], need_weights)
+        logits = logits + self.bias + state["step"].unsqueeze(1) * self.ramp  # (B, V)
+        return logits, {"inner": inner, "step": state["step"] + 1}, weights
+
+
+def favour(token: int, vocab: int = V, amount: float = 100.0) -> torch.Tensor:
+    bias = torch.zeros(vocab)
+    bias[token] = amount
+    return bias
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("eos_ramp", [0.0, 1.0], ids=["model", "eos-ramp"])
+def test_beam_of_one_is_greedy(family, eos_ramp):
+    model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=eos_ramp))
+    src, src_mask = sources()
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=12)
+    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=1, alpha=0.0, max_len=12)
+    assert [h.tokens for h in greedy] == [hyps[0].tokens for hyps in beam]
+    for g, hyps in zip(greedy, beam):
+        assert hyps[0].score == pytest.approx(g.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_nbest_is_sorted_by_score(family, alpha):
+    model = tiny(family)
+    src, src_mask = sources()
+    for hyps in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=5, alpha=alpha, nbest=5, max_len=10):
+        assert len(hyps) == 5
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_scores_at_least_the_greedy_hypothesis(family):
+    """Not a theorem for a beam of 5, but it holds for these models (and see the exhaustive test)."""
+    model = tiny(family)
+    src, src_mask = sources()
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=10)
+    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=5, alpha=0.0, max_len=10)
+    for g, hyps in zip(greedy, beam):
+        assert hyps[0].score >= g.score - 1e-5
+
+
+def best_score_by_enumeration(model, src, src_mask, vocab, max_len=3):
+    """The best sum of log-probabilities over every output of up to ``max_len`` tokens (EOS ends one)."""
+    prefixes = torch.tensor(list(itertools.product(range(vocab), repeat=max_len - 1)))  # (P, max_len - 1)
+    steps = torch.cat([torch.full((len(prefixes), 1), BOS_ID), prefixes], dim=1)  # (P, max_len)
+    with torch.no_grad():
+        state = model.start_state(model.encode(src.expand(len(prefixes), -1), src_mask.expand(len(prefixes), -1)))
+        log_probs = []
+        for t in range(max_len):
+            logits, state, _ = model.decode_step(steps[:, t], state)
+            log_probs.append(torch.log_softmax(logits, dim=-1))
+    best = float("-inf")
+    for row, prefix in enumerate(prefixes.tolist()):
+        score = 0.0
+        for t in range(max_len):
+            if t == max_len - 1:  # the last step: any token, EOS or not, ends the output
+                best = max(best, score + float(log_probs[t][row].max()))
+                break
+            best = max(best, score + float(log_probs[t][row, EOS_ID]))  # stop here
+            if prefix[t] == EOS_ID:
+                break
+            score += float(log_probs[t][row, prefix[t]])
+    return best
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_exhaustive_beam_finds_the_best_output(family):
+    """With ``K = V ** (max_len - 1)`` nothing is pruned before the last step: beam search is exact."""
+    vocab, max_len = 6, 3
+    model = tiny(family, vocab=vocab)
+    src, src_mask = sources(vocab)
+    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=vocab ** (max_len - 1), alpha=0.0, max_len=max_len)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=max_len)
+    for row in range(src.size(0)):
+        best = best_score_by_enumeration(model, src[row : row + 1], src_mask[row : row + 1], vocab, max_len)
+        assert beam[row][0].score == pytest.approx(best, abs=1e-4)
+        assert best >= greedy[row].score - 1e-5
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_batch_decodes_like_single_sentences(family):
+    model = tiny(family)
+    src, src_mask = sources()
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=8)
+    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, max_len=8)
+    for row, length in enumerate(src_mask.sum(1).tolist()):
+        one, one_mask = src[row : row + 1, :length], src_mask[row : row + 1, :length]
+        assert greedy_search(model, one, one_mask, BOS_ID, EOS_ID, max_len=8)[0].tokens == greedy[row].tokens
+        assert beam_search(model, one, one_mask, BOS_ID, EOS_ID, beam_size=3, max_len=8)[0][0].tokens == beam[row][0].tokens
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_outputs_hold_no_eos_and_nothing_after_it(family):
+    """EOS mid-way (more likely at every step) ends the hypothesis: no EOS and no PAD in the output."""
+    model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=1.0))
+    src, src_mask = sources()
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=10)
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=4, nbest=4, max_len=10)
+    hypotheses = greedy + [h for hyps in beams for h in hyps]
+    assert any(0 < len(h.tokens) < 10 for h in hypotheses)  # some end early, on EOS
+    for h in hypotheses:
+        assert EOS_ID not in h.tokens and PAD_ID not in h.tokens
+
+
+def test_outputs_never_hold_bos_or_pad():
+    model = Biased(tiny("rnn"), favour(BOS_ID, amount=5.0) + favour(PAD_ID, amount=5.0))
+    src, src_mask = sources()
+    hypotheses = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=6)
+    hypotheses += [hyps[0] for hyps in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, max_len=6)]
+    for h in hypotheses:
+        assert BOS_ID not in h.tokens and PAD_ID not in h.tokens
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_max_len_is_respected(family):
+    model = Biased(tiny(family), favour(EOS_ID, amount=-100.0))  # never stops on its own
+    src, src_mask = sources()
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=4)
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=3, max_len=4)
+    assert [len(h.tokens) for h in greedy] == [4] * 4
+    assert all(len(h.tokens) == 4 for hyps in beams for h in hyps)
+
+
+def test_default_output_limit_follows_the_longest_source():
+    _, src_mask = sources()
+    assert output_limit(src_mask) == int(1.5 * 7) + 10
+    assert output_limit(src_mask[2:]) == int(1.5 * 3) + 10
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_model_that_ends_at_once_gives_empty_hypotheses(family):
+    model = Biased(tiny(family), favour(EOS_ID))
+    src, src_mask = sources()
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, need_weights=True)
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, need_weights=True)
+    for h in greedy + [hyps[0] for hyps in beams]:
+        assert h.tokens == []
+        assert h.score == pytest.approx(0.0, abs=1e-3)
+        assert h.alignment.shape == (1, src.size(1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_alignments(family):
+    """One row per emitted token and one for EOS (none when cut at max_len); rows are distributions over the real source."""
+    model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=1.0))
+    src, src_mask = sources()
+    max_len = 6
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=max_len, need_weights=True)
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=3, max_len=max_len, need_weights=True)
+    rows = [(row, h) for row, h in enumerate(greedy)] + [(row, h) for row, hyps in enumerate(beams) for h in hyps]
+    for row, h in rows:
+        finished = len(h.tokens) < max_len
+        assert h.alignment.shape == (len(h.tokens) + int(finished), src.size(1))
+        assert (h.alignment[:, ~src_mask[row]] == 0).all()
+        torch.testing.assert_close(h.alignment.sum(1), torch.ones(h.alignment.size(0)), atol=1e-5, rtol=0)
+
+
+def test_no_alignments_unless_asked():
+    model = tiny("rnn")
+    src, src_mask = sources()
+    assert all(h.alignment is None for h in greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=5))
+    assert all(h[0].alignment is None for h in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, max_len=5))
+
+
+def test_nbest_larger_than_the_beam_is_refused():
+    model = tiny("rnn")
+    src, src_mask = sources()
+    with pytest.raises(ValueError, match="nbest"):
+        beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, nbest=3)

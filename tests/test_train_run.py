@@ -1,0 +1,144 @@
+"""End to end: a few steps of ``train(cfg)`` on a real Multi30k slice, composed like ``train.py``."""
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from training.trainer import train
+
+TINY_TRANSFORMER = ["model.d_model=64", "model.n_heads=4", "model.ff_size=128", "model.encoder_layers=2", "model.decoder_layers=2"]
+
+
+def run_overrides(slice_dir: Path, cache: Path, *extra: str):
+    return [
+        f"data.root={slice_dir}", f"data.cache_dir={cache}", "data.vocab_size=500",
+        "trainer.max_steps=4", "trainer.eval_every=2", "trainer.batch_tokens=1500", "trainer.log_every=1",
+        "trainer.warmup_steps=2", "trainer.beam_size=3", "trainer.attention_samples=2", *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def transformer_run(multi30k_slice, compose_config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    cfg = compose_config(run_overrides(multi30k_slice, out.parent / "cache", *TINY_TRANSFORMER))
+    return out, train(cfg, out)
+
+
+def scalar_and_image_tags(tb_dir: Path):
+    events = EventAccumulator(str(tb_dir), size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    events.Reload()
+    return events.Tags()
+
+
+def test_run_folder_holds_checkpoints_results_and_hypotheses(transformer_run, multi30k_slice):
+    out, results = transformer_run
+    assert (out / "checkpoints" / "best.pt").is_file() and (out / "checkpoints" / "last.pt").is_file()
+    saved = json.loads((out / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    for key in ("model", "params", "steps", "epochs", "train_seconds", "train_tokens_per_second", "valid", "test", "sacrebleu"):
+        assert key in saved, key
+    assert saved["model"] == "transformer" and saved["steps"] == 4 and saved["params"] > 0
+    assert set(saved["valid"]) >= {"loss", "bleu", "chrf"}
+    assert list(saved["test"]) == ["test_2016_flickr"]
+    assert set(saved["test"]["test_2016_flickr"]) == {"bleu", "chrf"}
+    assert "nrefs:1" in saved["sacrebleu"]["bleu"] and "nc:6" in saved["sacrebleu"]["chrf"]
+    hyps = (out / "test_2016_flickr.hyp").read_text(encoding="utf-8").split("\n")
+    assert len(hyps) == 30 + 1 and hyps[-1] == ""  # one line per test sentence
+
+
+def test_checkpoint_is_plain_data_with_model_config_and_tokenizer(transformer_run):
+    out, _ = transformer_run
+    payload = torch.load(out / "checkpoints" / "best.pt", weights_only=True)
+    assert payload["model_config"]["name"] == "transformer" and payload["model_config"]["d_model"] == 64
+    assert isinstance(payload["tokenizer"]["src_model"], bytes)
+    from data.tokenizer import Tokenizer
+    from models.build import build_model
+    from models.config import TransformerConfig
+
+    tok = Tokenizer.from_state_dict(payload["tokenizer"])
+    model = build_model(TransformerConfig(**payload["model_config"]), tok.src_vocab_size, tok.tgt_vocab_size)
+    model.load_state_dict(payload["model"])  # strict: every weight is there
+    assert payload["progress"]["step"] in (2, 4)
+
+
+def test_tensorboard_events_hold_every_scalar_image_and_text_tag(transformer_run):
+    out, _ = transformer_run
+    tags = scalar_and_image_tags(out / "tb")
+    scalars = set(tags["scalars"])
+    for tag in ("train/loss", "train/lr", "train/tokens_per_second", "train/grad_norm",
+                "valid/loss", "valid/ppl", "valid/bleu", "valid/chrf"):
+        assert tag in scalars, tag
+    images = set(tags["images"])
+    for sent in ("sent0", "sent1"):
+        for suffix in ("cross_layer1_mean", "cross_layer2_mean", "cross_layer2_head1", "cross_layer2_head4",
+                       "encoder_self_layer2_mean"):
+            assert f"attention/{sent}/{suffix}" in images, (sent, suffix)
+    assert all(tag.startswith("attention/") for tag in images)
+    texts = {tag for tag in tags["tensors"] if tag.startswith("samples/")}
+    assert texts == {"samples/sent0/text_summary", "samples/sent1/text_summary"}
+    hparams = EventAccumulator(str(out / "tb"), size_guidance={"tensors": 0})
+    hparams.Reload()
+    plugin_data = hparams.summary_metadata if hasattr(hparams, "summary_metadata") else {}
+    assert "_hparams_/session_start_info" in hparams.Tags()["tensors"] or any("hparams" in t for t in plugin_data)
+
+
+def test_rnn_run_draws_its_additive_attention(multi30k_slice, compose_config, tmp_path):
+    overrides = run_overrides(multi30k_slice, tmp_path / "cache", "model=rnn", "model.embed_dim=32",
+                              "model.hidden_size=32", "model.attention_size=32", "trainer.max_steps=2")
+    results = train(compose_config(overrides), tmp_path / "run")
+    assert results["model"] == "rnn" and results["steps"] == 2
+    images = set(scalar_and_image_tags(tmp_path / "run" / "tb")["images"])
+    assert images == {"attention/sent0/cross", "attention/sent1/cross"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(url: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+def test_tensorboard_server_serves_the_attention_images(transformer_run):
+    out, _ = transformer_run
+    port = free_port()
+    exe = Path(sys.executable).parent / "tensorboard"
+    server = subprocess.Popen(
+        [str(exe), "--logdir", str(out / "tb"), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}/data/plugin/images"
+    try:
+        deadline, tags = time.time() + 90, {}
+        while time.time() < deadline:
+            try:
+                tags = json.loads(get(f"{base}/tags"))
+                if any(tags.values()):
+                    break
+            except OSError:
+                pass
+            time.sleep(1.0)
+        assert tags, "tensorboard did not answer within 90 s"
+        run, run_tags = next((r, t) for r, t in tags.items() if t)
+        tag = "attention/sent0/cross_layer1_mean"
+        assert tag in run_tags
+        query = urllib.parse.urlencode({"run": run, "tag": tag, "sample": 0})
+        items = json.loads(get(f"{base}/images?{query}"))
+        assert len(items) >= 2  # one image per evaluation
+        assert "blob_key=" in items[-1]["query"]  # the item's ready-made query for its PNG
+        blob = get(f"{base}/individualImage?{items[-1]['query']}")
+        assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

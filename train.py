@@ -1,0 +1,36 @@
+"""Train a model: ``python train.py [OVERRIDES]`` (Hydra; see conf/ and README).
+
+A thin wrapper: composes the config, then calls ``training.trainer.train(cfg, out_dir)`` with
+Hydra's output folder as the run folder.
+"""
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from data.errors import DataError
+from training.checkpoint import CheckpointError
+from training.config import register_configs
+from training.trainer import train
+
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
+register_configs()
+log = logging.getLogger("train")
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    try:
+        results = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    except (DataError, CheckpointError, ValueError) as error:
+        log.error("error: %s", error)
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(1)
+    return results["valid"]["bleu"]
+
+
+if __name__ == "__main__":
+    main()

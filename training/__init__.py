@@ -1,0 +1,1 @@
+"""Training: config schemas, loss, schedules, metrics, checkpoints, TensorBoard, the loop."""

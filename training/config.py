@@ -1,0 +1,79 @@
+"""Typed schemas of the whole config, registered with Hydra's ConfigStore.
+
+``conf/config.yaml`` starts from ``base_config`` (the ``Config`` dataclass below); each file of
+``conf/model/`` extends ``rnn_schema`` or ``transformer_schema``. A misspelt key or a value of the
+wrong type then fails when the config is composed, naming the key.
+"""
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from data.config import DataConfig
+from models.config import RNNConfig, TransformerConfig
+
+
+@dataclass
+class TrainerConfig:
+    # Stop at whichever limit comes first (null: no limit from that key).
+    max_epochs: Optional[int] = 30
+    max_steps: Optional[int] = None
+    max_minutes: Optional[float] = None  # wall-clock budget for training (evaluations included)
+    # Tokens per batch: source + target positions, padding included (n_pairs * (S + T)).
+    batch_tokens: int = 8192
+    accumulate: int = 1  # batches per optimizer step (gradient accumulation)
+    optimizer: str = "adam"  # adam or adamw
+    lr: float = 1e-3  # peak learning rate
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = 0.0
+    # lr_at(step): inverse_sqrt (linear warm-up, then lr * sqrt(warmup / step)), exponential
+    # (warm-up, then lr * decay_rate ** ((step - warmup) / decay_steps)) or constant (after warm-up).
+    schedule: str = "inverse_sqrt"
+    warmup_steps: int = 300
+    decay_rate: float = 0.5
+    decay_steps: int = 2000
+    min_lr: float = 1e-5  # floor of every schedule after the warm-up
+    label_smoothing: float = 0.1
+    clip_grad_norm: Optional[float] = 1.0  # null: no clipping (the norm is still logged)
+    eval_every: Optional[int] = None  # validate every N steps (null: at the end of every epoch)
+    patience: Optional[int] = 5  # early stopping: evaluations without a better valid BLEU (null: off)
+    beam_size: int = 5  # final test decoding (validation decodes greedily)
+    length_penalty: float = 1.0  # GNMT alpha of the final beam search
+    eval_batch_tokens: Optional[int] = None  # tokens per decoding batch (null: batch_tokens)
+    log_every: int = 50  # steps between log lines and train/* scalars
+    attention_samples: int = 4  # validation sentences whose attention is drawn at every evaluation
+    resume: Optional[str] = None  # null, auto (this run folder's last.pt) or a checkpoint path
+    amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
+    num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
+    compile: bool = False  # torch.compile the model
+
+
+@dataclass
+class Config:
+    data: DataConfig = MISSING
+    model: Any = MISSING  # RNNConfig or TransformerConfig (typed by conf/model/*.yaml)
+    trainer: TrainerConfig = MISSING
+    seed: int = 1
+    device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
+
+
+def register_configs() -> None:
+    """Put the schemas in Hydra's ConfigStore (idempotent; call before composing)."""
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=Config)
+    store.store(group="model", name="rnn_schema", node=RNNConfig)
+    store.store(group="model", name="transformer_schema", node=TransformerConfig)
+    store.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+
+
+def model_config(node: DictConfig):
+    """The ``model`` node as its dataclass (``RNNConfig`` or ``TransformerConfig``)."""
+    obj = OmegaConf.to_object(node)
+    if isinstance(obj, (RNNConfig, TransformerConfig)):
+        return obj
+    families = {"rnn": RNNConfig, "transformer": TransformerConfig}
+    name = obj.get("name") if isinstance(obj, dict) else None
+    if name not in families:
+        raise ValueError(f"model.name must be one of {sorted(families)}, got {name!r}")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(families[name]), node))

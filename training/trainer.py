@@ -1,0 +1,369 @@
+"""The training loop: ``train(cfg, out_dir) -> results``.
+
+data -> model -> optimizer; per step: label-smoothed loss, backward, clip, ``lr_at(step)``; per
+evaluation: validation loss, greedy BLEU/chrF, attention images, checkpoints, early stopping; at
+the end: the best checkpoint decodes every test split with beam search into ``results.json``.
+"""
+import json
+import logging
+import math
+import os
+import random
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from data.batching import Batch, TokenBucketSampler, collate
+from data.config import data_config
+from data.corpus import TRAIN, VALID
+from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
+from data.specials import BOS_ID, PAD_ID
+from models.build import build_model, count_parameters
+from training.board import Board, flat_params
+from training.checkpoint import load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from training.config import TrainerConfig, model_config
+from training.evaluate import src_mask_of, translate_split, validation_loss
+from training.loss import label_smoothed_nll
+from training.metrics import corpus_scores, signatures
+from training.schedule import lr_at
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0  # the epoch in progress (0-based)
+    batches_done: int = 0  # batches of that epoch already trained on
+    best_bleu: float = -1.0
+    evals_without_improvement: int = 0
+    train_seconds: float = 0.0  # wall time of the loop so far, evaluations included
+    step_seconds: float = 0.0  # time inside optimizer steps only
+    tgt_tokens: int = 0  # real target tokens trained on
+    history: List[Dict[str, float]] = field(default_factory=list)  # one entry per evaluation
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name} but no CUDA device is available: use device=auto or device=cpu")
+    return device
+
+
+def set_threads(tc: TrainerConfig, device: torch.device) -> None:
+    if device.type == "cpu":
+        torch.set_num_threads(tc.num_threads or len(os.sched_getaffinity(0)))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer:
+    kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if tc.optimizer not in kinds:
+        raise ValueError(f"trainer.optimizer must be adam or adamw, got {tc.optimizer!r}")
+    return kinds[tc.optimizer](model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+
+
+def autocast_for(device: torch.device, tc: TrainerConfig):
+    if device.type == "cuda" and tc.amp:
+        return partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)
+    return nullcontext
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, out_dir: Path):
+        self.cfg, self.out_dir = cfg, out_dir
+        self.tc: TrainerConfig = OmegaConf.to_object(cfg.trainer)
+        self.device = pick_device(cfg.device)
+        set_threads(self.tc, self.device)
+        seed_everything(cfg.seed)
+        self.data: PreparedData = prepare_data(data_config(cfg.data))
+        self.model_cfg = model_config(cfg.model)
+        tok = self.data.tokenizer
+        self.model = build_model(self.model_cfg, tok.src_vocab_size, tok.tgt_vocab_size, PAD_ID).to(self.device)
+        self.params = count_parameters(self.model)
+        self.optimizer = make_optimizer(self.model, self.tc)
+        self.autocast = autocast_for(self.device, self.tc)
+        self.step_fn = torch.compile(self.model) if self.tc.compile else self.model
+        train = self.data.datasets[TRAIN]
+        self.sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), self.tc.batch_tokens, seed=cfg.seed)
+        self.progress = Progress()
+        self.ckpt_dir = out_dir / "checkpoints"
+        self.board: Optional[Board] = None
+
+    # ----- checkpoints -----
+    def checkpoint(self) -> Dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "model_config": asdict(self.model_cfg),
+            "tokenizer": self.data.tokenizer.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "progress": asdict(self.progress),
+            "rng": rng_states(),
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
+        }
+
+    def resume_path(self) -> Optional[Path]:
+        resume = self.tc.resume
+        if resume is None:
+            return None
+        if resume == "auto":
+            last = self.ckpt_dir / "last.pt"
+            if not last.is_file():
+                log.info("trainer.resume=auto: no %s yet, starting a new run", last)
+                return None
+            return last
+        return Path(resume)
+
+    def maybe_resume(self) -> None:
+        path = self.resume_path()
+        if path is None:
+            return
+        payload = load_checkpoint(path, map_location=self.device)
+        if payload["model_config"] != asdict(self.model_cfg):
+            raise ValueError(f"checkpoint {path} was trained with another model config: {payload['model_config']}")
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.progress = Progress(**payload["progress"])
+        set_rng_states(payload["rng"])
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.progress.step, self.progress.epoch + 1, self.progress.batches_done)
+
+    # ----- training -----
+    def train_step(self, batches: List[Batch]) -> Dict[str, float]:
+        """One optimizer step over ``batches`` (gradient accumulation); loss normalised per target token."""
+        self.model.train()
+        n_tokens = sum(b.n_tgt_tokens for b in batches)
+        total = 0.0
+        for batch in batches:
+            batch = batch.to(self.device)
+            with self.autocast():
+                logits, _ = self.step_fn(batch.src, src_mask_of(batch), batch.tgt_in)  # (B, T, V)
+            loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, self.tc.label_smoothing)
+            (loss / n_tokens).backward()
+            total += float(loss.detach())
+        clip = self.tc.clip_grad_norm if self.tc.clip_grad_norm is not None else float("inf")
+        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        self.progress.step += 1
+        lr = lr_at(self.progress.step, self.tc.schedule, self.tc.lr, self.tc.warmup_steps, self.tc.decay_rate, self.tc.decay_steps, self.tc.min_lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": total / n_tokens, "lr": lr, "grad_norm": grad_norm, "tokens": n_tokens}
+
+    def should_stop(self, start: float) -> Optional[str]:
+        tc, p = self.tc, self.progress
+        if tc.max_steps is not None and p.step >= tc.max_steps:
+            return f"trainer.max_steps={tc.max_steps} reached"
+        if tc.max_epochs is not None and p.epoch >= tc.max_epochs:
+            return f"trainer.max_epochs={tc.max_epochs} reached"
+        if tc.max_minutes is not None and (time.perf_counter() - start + p.train_seconds) / 60 >= tc.max_minutes:
+            return f"trainer.max_minutes={tc.max_minutes} reached"
+        if tc.patience is not None and p.evals_without_improvement >= tc.patience:
+            return f"no better validation BLEU in {tc.patience} evaluations (trainer.patience)"
+        return None
+
+    def total_steps(self) -> Optional[int]:
+        """Steps of the whole run as far as the limits tell (for the ETA)."""
+        per_epoch = math.ceil(len(self.sampler) / self.tc.accumulate)
+        limits = [self.tc.max_steps] if self.tc.max_steps is not None else []
+        if self.tc.max_epochs is not None:
+            limits.append(per_epoch * self.tc.max_epochs)
+        return min(limits) if limits else None
+
+    def log_line(self, stats: Dict[str, float], window: Dict[str, float]) -> None:
+        p = self.progress
+        tokens_per_second = window["tokens"] / max(window["seconds"], 1e-9)
+        total = self.total_steps()
+        eta = ""
+        if total is not None and p.step_seconds > 0:
+            seconds = (total - p.step) * p.step_seconds / max(p.step, 1)
+            eta = f" | ETA {time.strftime('%H:%M:%S', time.gmtime(max(seconds, 0)))} (+evals)"
+        log.info(
+            "epoch %d step %d%s | loss %.3f | lr %.2e | grad %.2f | %.0f tgt tok/s%s",
+            p.epoch + 1, p.step, f"/{total}" if total else "", window["loss"] / max(window["count"], 1),
+            stats["lr"], stats["grad_norm"], tokens_per_second, eta,
+        )
+        self.board.scalars({
+            "train/loss": window["loss"] / max(window["count"], 1), "train/lr": stats["lr"],
+            "train/grad_norm": stats["grad_norm"], "train/tokens_per_second": tokens_per_second,
+        }, p.step)
+
+    def train_epoch(self, start: float) -> Optional[str]:
+        """Train on the rest of the current epoch; returns why training must stop, or None."""
+        p, tc = self.progress, self.tc
+        self.sampler.set_epoch(p.epoch)
+        batches = list(self.sampler)
+        train = self.data.datasets[TRAIN]
+        window = {"loss": 0.0, "count": 0, "tokens": 0, "seconds": 0.0}
+        while p.batches_done < len(batches):
+            group = batches[p.batches_done : p.batches_done + tc.accumulate]
+            tick = time.perf_counter()
+            stats = self.train_step([collate([train[i] for i in indices]) for indices in group])
+            seconds = time.perf_counter() - tick
+            p.batches_done += len(group)
+            p.step_seconds += seconds
+            p.tgt_tokens += stats["tokens"]
+            window = {"loss": window["loss"] + stats["loss"], "count": window["count"] + 1,
+                      "tokens": window["tokens"] + stats["tokens"], "seconds": window["seconds"] + seconds}
+            if p.step % tc.log_every == 0:
+                self.log_line(stats, window)
+                window = {"loss": 0.0, "count": 0, "tokens": 0, "seconds": 0.0}
+            if p.batches_done >= len(batches):
+                p.epoch, p.batches_done = p.epoch + 1, 0
+            if tc.eval_every is not None and p.step % tc.eval_every == 0:
+                self.evaluate(start)
+            elif tc.eval_every is None and p.batches_done == 0:
+                self.evaluate(start)
+            reason = self.should_stop(start)
+            if reason:
+                return reason
+        return None
+
+    # ----- evaluation -----
+    def evaluate(self, start: float) -> None:
+        p, tc = self.progress, self.tc
+        tick = time.perf_counter()
+        valid = self.data.datasets[VALID]
+        batch_tokens = tc.eval_batch_tokens or tc.batch_tokens
+        scores = validation_loss(self.model, valid, batch_tokens, self.device, self.autocast)
+        hyps = translate_split(self.model, valid, self.data.tokenizer, batch_tokens, self.device, 1, autocast=self.autocast)
+        scores.update(corpus_scores(hyps, self.data.references[VALID]))
+        self.board.scalars({f"valid/{k}": v for k, v in scores.items()}, p.step)
+        self.draw_samples(hyps)
+        improved = scores["bleu"] > p.best_bleu
+        if improved:
+            p.best_bleu, p.evals_without_improvement = scores["bleu"], 0
+        else:
+            p.evals_without_improvement += 1
+        p.history.append(dict(scores, step=p.step, epoch=self.epochs_done()))
+        p.train_seconds = time.perf_counter() - start
+        self.board.flush()
+        save_checkpoint(self.checkpoint(), self.ckpt_dir / "last.pt")
+        if improved:
+            save_checkpoint(self.checkpoint(), self.ckpt_dir / "best.pt")
+        log.info(
+            "valid step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f%s (%.0f s)",
+            p.step, scores["loss"], scores["ppl"], scores["bleu"], scores["chrf"],
+            " *best*" if improved else f" (best {p.best_bleu:.2f}, {p.evals_without_improvement} without improvement)",
+            time.perf_counter() - tick,
+        )
+
+    def draw_samples(self, hyps: List[str]) -> None:
+        """Attention images and sample text of the first ``attention_samples`` validation sentences."""
+        n = min(self.tc.attention_samples, len(hyps))
+        if n == 0:
+            return
+        valid, tok = self.data.datasets[VALID], self.data.tokenizer
+        batch = collate([valid[i] for i in range(n)]).to(self.device)
+        out_ids = [ids + [tok.tgt.eos_id()] for ids in tok.encode_tgt(hyps[:n])]  # what the model said, as ids
+        tgt_in = torch.full((n, max(map(len, out_ids))), PAD_ID, dtype=torch.long, device=self.device)  # (B, T)
+        for row, ids in enumerate(out_ids):
+            tgt_in[row, : len(ids)] = torch.tensor([BOS_ID] + ids[:-1])
+        self.model.eval()
+        with torch.no_grad():
+            _, attention = self.model(batch.src, src_mask_of(batch), tgt_in, need_weights=True)
+        src_tokens = [tok.src_pieces(valid.src[i] + [tok.src.eos_id()]) for i in range(n)]
+        tgt_tokens = [tok.tgt_pieces(ids) for ids in out_ids]
+        self.board.attention(attention, src_tokens, tgt_tokens, self.progress.step)
+        self.board.samples(self.data.sources[VALID][:n], self.data.references[VALID][:n], hyps[:n], self.progress.step)
+
+    def epochs_done(self) -> float:
+        return self.progress.epoch + self.progress.batches_done / max(len(self.sampler), 1)
+
+    # ----- the whole run -----
+    def fit(self) -> str:
+        self.maybe_resume()
+        stats = dict(self.data.stats, batches=batch_stats(self.sampler))
+        log.info("%s", format_stats(stats))
+        log.info("model: %s, %s parameters, device %s, %d threads", self.model_cfg.name, f"{self.params:,}", self.device, torch.get_num_threads())
+        start = time.perf_counter() - self.progress.train_seconds
+        reason = self.should_stop(start)
+        while reason is None:
+            reason = self.train_epoch(start)
+            self.progress.train_seconds = time.perf_counter() - start
+        self.progress.train_seconds = time.perf_counter() - start
+        if not self.progress.history or self.progress.history[-1]["step"] != self.progress.step:
+            self.evaluate(start)  # stopped between evaluations: score the last weights too
+            self.progress.train_seconds = time.perf_counter() - start
+        save_checkpoint(self.checkpoint(), self.ckpt_dir / "last.pt")
+        return reason
+
+    def test(self) -> Dict[str, Dict[str, float]]:
+        """Load the best checkpoint; beam-decode every test split into ``<split>.hyp``; score them."""
+        best = self.ckpt_dir / "best.pt"
+        if best.is_file():
+            self.model.load_state_dict(load_checkpoint(best, map_location=self.device)["model"])
+        batch_tokens = self.tc.eval_batch_tokens or self.tc.batch_tokens
+        results = {}
+        for split in self.data.test_splits:
+            tick = time.perf_counter()
+            hyps = translate_split(self.model, self.data.datasets[split], self.data.tokenizer, batch_tokens, self.device,
+                                   self.tc.beam_size, self.tc.length_penalty, self.autocast)
+            (self.out_dir / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            results[split] = corpus_scores(hyps, self.data.references[split])
+            log.info("test %s (beam %d): BLEU %.2f chrF %.2f (%.0f s)", split, self.tc.beam_size,
+                     results[split]["bleu"], results[split]["chrf"], time.perf_counter() - tick)
+        return results
+
+    def results(self, test: Dict[str, Dict[str, float]]) -> Dict[str, Any]:
+        p = self.progress
+        best = max(p.history, key=lambda h: h["bleu"]) if p.history else {}
+        return {
+            "model": self.model_cfg.name,
+            "params": self.params,
+            "steps": p.step,
+            "epochs": round(self.epochs_done(), 3),
+            "train_seconds": round(p.train_seconds, 1),
+            "train_tokens_per_second": round(p.tgt_tokens / max(p.step_seconds, 1e-9), 1),
+            "device": str(self.device),
+            "valid": {k: best.get(k) for k in ("loss", "ppl", "bleu", "chrf")} | {"step": best.get("step")},
+            "test": test,
+            "sacrebleu": signatures(),
+            "valid_history": p.history,
+        }
+
+
+def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
+    """Train the model ``cfg`` describes; write checkpoints, TensorBoard events, hypotheses and
+    ``results.json`` under ``out_dir``; return the results."""
+    out_dir = Path(out_dir)
+    trainer = Trainer(cfg, out_dir)
+    trainer.board = Board(out_dir / "tb")
+    try:
+        reason = trainer.fit()
+        log.info("training stopped: %s", reason)
+        test = trainer.test()
+        results = trainer.results(test)
+        (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        metrics = {"hparam/valid_bleu": results["valid"]["bleu"] or 0.0}
+        metrics.update({f"hparam/{split}_bleu": s["bleu"] for split, s in test.items()})
+        metrics.update({f"hparam/{split}_chrf": s["chrf"] for split, s in test.items()})
+        trainer.board.hparams(flat_params(OmegaConf.to_container(cfg, resolve=True)), metrics)
+        log.info("summary: %s", summary_line(results))
+        return results
+    finally:
+        trainer.board.close()
+
+
+def summary_line(results: Dict[str, Any]) -> str:
+    tests = ", ".join(f"{split} BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}" for split, s in results["test"].items())
+    return (
+        f"{results['model']} ({results['params']:,} params): {results['steps']} steps, {results['epochs']} epochs, "
+        f"{results['train_seconds']:.0f} s, {results['train_tokens_per_second']:.0f} tgt tok/s; "
+        f"best valid BLEU {results['valid']['bleu']:.2f}; {tests}"
+    )
