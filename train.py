@@ -9,6 +9,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from data.errors import DataError
@@ -23,10 +24,13 @@ log = logging.getLogger("train")
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    hydra_cfg = HydraConfig.get()
     try:
-        results = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+        results = train(cfg, Path(hydra_cfg.runtime.output_dir))
     except (DataError, CheckpointError, ValueError) as error:
         log.error("error: %s", error)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            raise  # Hydra records the failed job and goes on with the sweep (exit code 1 at the end)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
     return results["valid"]["bleu"]

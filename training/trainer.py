@@ -171,7 +171,7 @@ class Trainer:
             return f"trainer.max_steps={tc.max_steps} reached"
         if tc.max_epochs is not None and p.epoch >= tc.max_epochs:
             return f"trainer.max_epochs={tc.max_epochs} reached"
-        if tc.max_minutes is not None and (time.perf_counter() - start + p.train_seconds) / 60 >= tc.max_minutes:
+        if tc.max_minutes is not None and (time.perf_counter() - start) / 60 >= tc.max_minutes:
             return f"trainer.max_minutes={tc.max_minutes} reached"
         if tc.patience is not None and p.evals_without_improvement >= tc.patience:
             return f"no better validation BLEU in {tc.patience} evaluations (trainer.patience)"
@@ -232,6 +232,8 @@ class Trainer:
             reason = self.should_stop(start)
             if reason:
                 return reason
+            if p.batches_done == 0:
+                return None  # the epoch is over: the next one has its own batch order
         return None
 
     # ----- evaluation -----
