@@ -39,6 +39,16 @@ def make_rnn(cell: str, input_size: int, hidden_size: int, layers: int, dropout:
     )
 
 
+def run_rnn(rnn: nn.RNNBase, inputs, hx=None):
+    """Call ``rnn`` in float32 even under autocast: autocast runs cuDNN RNNs in float16 whatever
+    dtype it was given (bfloat16 included), and an RNN's long recurrence loses precision there."""
+    device_type = inputs.data.device.type  # a tensor's .data is itself; a PackedSequence's holds the values
+    if not torch.is_autocast_enabled(device_type):
+        return rnn(inputs, hx)
+    with torch.autocast(device_type=device_type, enabled=False):
+        return rnn(inputs, hx)
+
+
 class RNNEncoder(nn.Module):
     def __init__(self, cfg: RNNConfig, embed: TokenEmbedding):
         super().__init__()
@@ -49,9 +59,9 @@ class RNNEncoder(nn.Module):
     def forward(self, src: Tensor, src_mask: Tensor) -> Tuple[Tensor, Tensor]:
         """``src`` ``(B, S)`` -> states ``(B, S, 2H)`` (zero at padding) and final states ``(B, 2H)``."""
         lengths = src_mask.sum(dim=1).clamp(min=1).cpu()  # (B,) an empty source still runs one step
-        embedded = self.dropout(self.embed(src))  # (B, S, E)
+        embedded = self.dropout(self.embed(src)).float()  # (B, S, E)
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
-        outputs, final = self.rnn(packed)
+        outputs, final = run_rnn(self.rnn, packed)  # packed (B, S, 2H); (2 L, B, H) per state
         memory, _ = pad_packed_sequence(outputs, batch_first=True, total_length=src.size(1))  # (B, S, 2H)
         hidden = final[0] if isinstance(final, tuple) else final  # (2 L, B, H)
         top = torch.cat([hidden[-2], hidden[-1]], dim=-1)  # (B, 2H) last layer, forward and backward
@@ -93,12 +103,13 @@ class RNNDecoder(nn.Module):
         query = state["hidden"][:, -1:]  # (B, 1, H) s_{t-1} of the top layer
         mask = key_mask(state["src_mask"], n_heads_dim=False)  # (B, 1, S)
         context, weights = self.attention(query, None, state["memory"], mask, projected_keys=state["keys"])  # (B, 1, 2H)
-        rnn_input = torch.cat([embedded.unsqueeze(1), context], dim=-1)  # (B, 1, E + 2H)
-        hidden = state["hidden"].transpose(0, 1).contiguous()  # (L, B, H)
+        rnn_input = torch.cat([embedded.unsqueeze(1), context], dim=-1).float()  # (B, 1, E + 2H)
+        hidden = state["hidden"].transpose(0, 1).float().contiguous()  # (L, B, H)
         if self.cell == "lstm":
-            output, (hidden, cell) = self.rnn(rnn_input, (hidden, state["cell"].transpose(0, 1).contiguous()))
+            cell = state["cell"].transpose(0, 1).float().contiguous()  # (L, B, H)
+            output, (hidden, cell) = run_rnn(self.rnn, rnn_input, (hidden, cell))  # (B, 1, H), (L, B, H) x 2
         else:
-            output, hidden = self.rnn(rnn_input, hidden)  # (B, 1, H), (L, B, H)
+            output, hidden = run_rnn(self.rnn, rnn_input, hidden)  # (B, 1, H), (L, B, H)
         new_state = dict(state, hidden=hidden.transpose(0, 1))  # (B, L, H)
         if self.cell == "lstm":
             new_state["cell"] = cell.transpose(0, 1)  # (B, L, H)

@@ -22,6 +22,7 @@ class Hypothesis:
     # (len(tokens) + 1, S): source attention of each emitted token, EOS last; (len(tokens), S) when
     # the search stopped at max_len before EOS.
     alignment: Optional[Tensor] = None
+    finished: bool = True  # False when the search stopped at max_len before EOS
 
 
 def output_limit(src_mask: Tensor, ratio: float = 1.5, extra: int = 10) -> int:
@@ -73,7 +74,7 @@ def greedy_search(
 def _hypothesis(ids: List[int], score: float, alignments: Optional[Tensor], row: int, eos_id: int) -> Hypothesis:
     tokens = _trim(ids, eos_id)
     alignment = alignments[row, : len(tokens) + 1].cpu() if alignments is not None else None  # (|y| + 1, S)
-    return Hypothesis(tokens, score, alignment)
+    return Hypothesis(tokens, score, alignment, finished=eos_id in ids)
 
 
 def length_penalty(lengths: Tensor, alpha: float) -> Tensor:

@@ -4,6 +4,7 @@ import pytest
 
 from data.errors import DataError
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from data.batching import TokenBucketSampler
@@ -11,6 +12,7 @@ from data.config import data_config
 from data.corpus import load_folder
 from data.pipeline import batch_stats, format_stats, prepare_data
 from data.tokenizer import normalize
+from training.config import register_configs
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -58,6 +60,7 @@ def test_empty_training_split_is_an_error(tmp_path):
 
 
 def compose_data(overrides):
+    register_configs()  # conf/config.yaml starts from the registered schemas
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=overrides)
 
@@ -71,7 +74,16 @@ def test_every_data_config_composes_and_matches_the_schema(option):
 
 
 def test_typos_and_wrong_types_fail_when_composed():
-    with pytest.raises(ConfigKeyError):
+    with pytest.raises(ConfigCompositionException, match="vocab_sise"):
+        compose_data(["data.vocab_sise=10"])
+    with pytest.raises(ConfigKeyError):  # a forced new key (+) gets past Hydra, not past the schema
         data_config(compose_data(["+data.vocab_sise=10"]).data)
+    with pytest.raises(ConfigCompositionException, match="vocab_size"):
+        compose_data(["data.vocab_size=many"])
+
+
+def test_data_config_checks_a_plain_node_too():
+    with pytest.raises(ConfigKeyError):
+        data_config({"vocab_sise": 10})
     with pytest.raises(ValidationError):
-        data_config(compose_data(["data.vocab_size=many"]).data)
+        data_config({"vocab_size": "many"})

@@ -102,15 +102,21 @@ def test_beam_scores_at_least_the_greedy_hypothesis(family):
 
 
 def best_score_by_enumeration(model, src, src_mask, vocab, max_len=3):
-    """The best sum of log-probabilities over every output of up to ``max_len`` tokens (EOS ends one)."""
-    prefixes = torch.tensor(list(itertools.product(range(vocab), repeat=max_len - 1)))  # (P, max_len - 1)
+    """The best sum of log-probabilities over every output of up to ``max_len`` tokens (EOS ends one).
+
+    BOS and PAD are never outputs: search gives them probability 0 without renormalising.
+    """
+    outputs = [i for i in range(vocab) if i not in (BOS_ID, PAD_ID)]
+    prefixes = torch.tensor(list(itertools.product(outputs, repeat=max_len - 1)))  # (P, max_len - 1)
     steps = torch.cat([torch.full((len(prefixes), 1), BOS_ID), prefixes], dim=1)  # (P, max_len)
     with torch.no_grad():
         state = model.start_state(model.encode(src.expand(len(prefixes), -1), src_mask.expand(len(prefixes), -1)))
         log_probs = []
         for t in range(max_len):
             logits, state, _ = model.decode_step(steps[:, t], state)
-            log_probs.append(torch.log_softmax(logits, dim=-1))
+            step = torch.log_softmax(logits, dim=-1)
+            step[:, [BOS_ID, PAD_ID]] = float("-inf")
+            log_probs.append(step)
     best = float("-inf")
     for row, prefix in enumerate(prefixes.tolist()):
         score = 0.0

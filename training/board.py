@@ -10,7 +10,7 @@ attention, the layer and the head. Tags sort naturally in TensorBoard's list::
     attention/sent0/encoder_self_layer3_mean   Transformer: last encoder layer
 """
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import matplotlib
 

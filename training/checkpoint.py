@@ -50,6 +50,17 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:
     return payload
 
 
+def to_cpu(tree: Any) -> Any:
+    """A copy of a nest of dicts / lists / tuples with every tensor on the CPU (loadable anywhere)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {key: to_cpu(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_cpu(value) for value in tree)
+    return tree
+
+
 def rng_states() -> Dict[str, Any]:
     states = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():

@@ -10,7 +10,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from data.config import DataConfig
+from data.config import DataConfig, check_keys
 from models.config import RNNConfig, TransformerConfig
 
 
@@ -70,6 +70,8 @@ def register_configs() -> None:
 def model_config(node: DictConfig):
     """The ``model`` node as its dataclass (``RNNConfig`` or ``TransformerConfig``)."""
     obj = OmegaConf.to_object(node)
+    if isinstance(obj, (RNNConfig, TransformerConfig)):
+        check_keys(node, type(obj), "model")
     if isinstance(obj, (RNNConfig, TransformerConfig)):
         return obj
     families = {"rnn": RNNConfig, "transformer": TransformerConfig}

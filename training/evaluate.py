@@ -1,7 +1,7 @@
 """Evaluation: teacher-forced validation loss and decoding whole splits back to text."""
 import math
 from contextlib import nullcontext
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Tuple
 
 import torch
 from torch import nn
@@ -61,10 +61,36 @@ def decode_ids(
     return results
 
 
+@torch.no_grad()
+def output_attention(
+    model: nn.Module, dataset: ParallelDataset, found: List[Hypothesis], device: torch.device
+) -> Tuple[Dict[str, object], List[List[int]], List[List[int]]]:
+    """Attention of the model over the first ``len(found)`` sentences of ``dataset`` while it
+    produces its own outputs ``found`` (fed back teacher-forced, EOS last when it emitted one).
+
+    Returns the model's attention (``forward(..., need_weights=True)``), the source ids (EOS
+    included) and the output ids of each sentence: the axes of the attention maps.
+    """
+    n = len(found)
+    batch = collate([dataset[i] for i in range(n)]).to(device)
+    out_ids = [(h.tokens + ([EOS_ID] if h.finished else [])) or [EOS_ID] for h in found]
+    tgt_in = torch.full((n, max(map(len, out_ids))), PAD_ID, dtype=torch.long, device=device)  # (B, T)
+    for row, ids in enumerate(out_ids):
+        tgt_in[row, : len(ids)] = torch.tensor([BOS_ID] + ids[:-1])
+    model.eval()
+    _, attention = model(batch.src, src_mask_of(batch), tgt_in, need_weights=True)
+    src_ids = [dataset.src[i] + [EOS_ID] for i in range(n)]
+    return attention, src_ids, out_ids
+
+
+def detokenize(tokenizer: Tokenizer, hyps: List[Hypothesis]) -> List[str]:
+    """Text of each hypothesis, on one line (a decoded line-break byte would shift a .hyp file)."""
+    return [" ".join(text.splitlines()) for text in tokenizer.decode_tgt([h.tokens for h in hyps])]
+
+
 def translate_split(
     model: nn.Module, dataset: ParallelDataset, tokenizer: Tokenizer, batch_tokens: int, device: torch.device,
     beam_size: int = 1, alpha: float = 1.0, autocast=nullcontext,
 ) -> List[str]:
     """Detokenized translations of a split, in its order."""
-    hyps = decode_ids(model, dataset, batch_tokens, device, beam_size, alpha, autocast)
-    return tokenizer.decode_tgt([h.tokens for h in hyps])
+    return detokenize(tokenizer, decode_ids(model, dataset, batch_tokens, device, beam_size, alpha, autocast))

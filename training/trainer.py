@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
@@ -21,15 +22,16 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from data.batching import Batch, TokenBucketSampler, collate
-from data.config import data_config
+from data.config import check_keys, data_config
 from data.corpus import TRAIN, VALID
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
-from data.specials import BOS_ID, PAD_ID
+from data.specials import PAD_ID
 from models.build import build_model, count_parameters
 from training.board import Board, flat_params
-from training.checkpoint import load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from training.checkpoint import CheckpointError, load_checkpoint, rng_states, save_checkpoint, set_rng_states, to_cpu
 from training.config import TrainerConfig, model_config
-from training.evaluate import src_mask_of, translate_split, validation_loss
+from models.search import Hypothesis
+from training.evaluate import decode_ids, detokenize, output_attention, src_mask_of, translate_split, validation_loss
 from training.loss import label_smoothed_nll
 from training.metrics import corpus_scores, signatures
 from training.schedule import lr_at
@@ -63,7 +65,24 @@ def pick_device(name: str) -> torch.device:
 
 def set_threads(tc: TrainerConfig, device: torch.device) -> None:
     if device.type == "cpu":
-        torch.set_num_threads(tc.num_threads or len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(tc.num_threads or cores)
+
+
+def check_trainer_config(tc: TrainerConfig) -> None:
+    """Range checks the schema's types cannot express; one line naming the key."""
+    at_least_one = {"batch_tokens": tc.batch_tokens, "accumulate": tc.accumulate, "log_every": tc.log_every,
+                    "beam_size": tc.beam_size, "eval_every": tc.eval_every, "patience": tc.patience,
+                    "max_epochs": tc.max_epochs, "max_steps": tc.max_steps, "num_threads": tc.num_threads}
+    for key, value in at_least_one.items():
+        if value is not None and value < 1:
+            raise ValueError(f"trainer.{key} must be at least 1, got {value}")
+    if tc.max_minutes is not None and tc.max_minutes <= 0:
+        raise ValueError(f"trainer.max_minutes must be positive, got {tc.max_minutes}")
+    if not 0.0 <= tc.label_smoothing < 1.0:
+        raise ValueError(f"trainer.label_smoothing must be in [0, 1), got {tc.label_smoothing}")
+    if tc.attention_samples < 0:
+        raise ValueError(f"trainer.attention_samples must be 0 or more, got {tc.attention_samples}")
 
 
 def seed_everything(seed: int) -> None:
@@ -87,13 +106,18 @@ def autocast_for(device: torch.device, tc: TrainerConfig):
 class Trainer:
     def __init__(self, cfg: DictConfig, out_dir: Path):
         self.cfg, self.out_dir = cfg, out_dir
+        check_keys(cfg.trainer, TrainerConfig, "trainer")
         self.tc: TrainerConfig = OmegaConf.to_object(cfg.trainer)
+        check_trainer_config(self.tc)
         self.device = pick_device(cfg.device)
         set_threads(self.tc, self.device)
         seed_everything(cfg.seed)
         self.data: PreparedData = prepare_data(data_config(cfg.data))
         self.model_cfg = model_config(cfg.model)
         tok = self.data.tokenizer
+        if not tok.joint and self.model_cfg.share_embeddings:
+            log.info("separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared")
+            self.model_cfg.share_embeddings = False
         self.model = build_model(self.model_cfg, tok.src_vocab_size, tok.tgt_vocab_size, PAD_ID).to(self.device)
         self.params = count_parameters(self.model)
         self.optimizer = make_optimizer(self.model, self.tc)
@@ -108,10 +132,10 @@ class Trainer:
     # ----- checkpoints -----
     def checkpoint(self) -> Dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
+            "model": to_cpu(self.model.state_dict()),
             "model_config": asdict(self.model_cfg),
             "tokenizer": self.data.tokenizer.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": to_cpu(self.optimizer.state_dict()),
             "progress": asdict(self.progress),
             "rng": rng_states(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -133,13 +157,19 @@ class Trainer:
         path = self.resume_path()
         if path is None:
             return
-        payload = load_checkpoint(path, map_location=self.device)
+        payload = load_checkpoint(path)
         if payload["model_config"] != asdict(self.model_cfg):
-            raise ValueError(f"checkpoint {path} was trained with another model config: {payload['model_config']}")
+            raise CheckpointError(f"checkpoint {path} was trained with another model config: {payload['model_config']}")
+        if payload["tokenizer"] != self.data.tokenizer.state_dict():
+            raise CheckpointError(f"checkpoint {path} was trained with another vocabulary: check the data.* settings")
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.progress = Progress(**payload["progress"])
         set_rng_states(payload["rng"])
+        best = path.parent / "best.pt"
+        if path.parent.resolve() != self.ckpt_dir.resolve() and best.is_file():
+            self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(best, self.ckpt_dir / "best.pt")  # the best weights so far belong to this run too
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.progress.step, self.progress.epoch + 1, self.progress.batches_done)
 
     # ----- training -----
@@ -208,6 +238,11 @@ class Trainer:
         p, tc = self.progress, self.tc
         self.sampler.set_epoch(p.epoch)
         batches = list(self.sampler)
+        if p.batches_done > len(batches):
+            raise CheckpointError(
+                f"the resumed run had done {p.batches_done} batches of epoch {p.epoch + 1}, which now has {len(batches)}: "
+                "resume with the same data.*, trainer.batch_tokens and seed"
+            )
         train = self.data.datasets[TRAIN]
         window = {"loss": 0.0, "count": 0, "tokens": 0, "seconds": 0.0}
         while p.batches_done < len(batches):
@@ -243,10 +278,11 @@ class Trainer:
         valid = self.data.datasets[VALID]
         batch_tokens = tc.eval_batch_tokens or tc.batch_tokens
         scores = validation_loss(self.model, valid, batch_tokens, self.device, self.autocast)
-        hyps = translate_split(self.model, valid, self.data.tokenizer, batch_tokens, self.device, 1, autocast=self.autocast)
+        found = decode_ids(self.model, valid, batch_tokens, self.device, 1, autocast=self.autocast)
+        hyps = detokenize(self.data.tokenizer, found)
         scores.update(corpus_scores(hyps, self.data.references[VALID]))
         self.board.scalars({f"valid/{k}": v for k, v in scores.items()}, p.step)
-        self.draw_samples(hyps)
+        self.draw_samples(found, hyps)
         improved = scores["bleu"] > p.best_bleu
         if improved:
             p.best_bleu, p.evals_without_improvement = scores["bleu"], 0
@@ -265,21 +301,18 @@ class Trainer:
             time.perf_counter() - tick,
         )
 
-    def draw_samples(self, hyps: List[str]) -> None:
-        """Attention images and sample text of the first ``attention_samples`` validation sentences."""
+    def draw_samples(self, found: List[Hypothesis], hyps: List[str]) -> None:
+        """Attention images and sample text of the first ``attention_samples`` validation sentences.
+
+        The model's own greedy output ids are fed back teacher-forced, so each image row is the
+        attention with which it produced that output token (EOS last when it emitted one).
+        """
         n = min(self.tc.attention_samples, len(hyps))
         if n == 0:
             return
         valid, tok = self.data.datasets[VALID], self.data.tokenizer
-        batch = collate([valid[i] for i in range(n)]).to(self.device)
-        out_ids = [ids + [tok.tgt.eos_id()] for ids in tok.encode_tgt(hyps[:n])]  # what the model said, as ids
-        tgt_in = torch.full((n, max(map(len, out_ids))), PAD_ID, dtype=torch.long, device=self.device)  # (B, T)
-        for row, ids in enumerate(out_ids):
-            tgt_in[row, : len(ids)] = torch.tensor([BOS_ID] + ids[:-1])
-        self.model.eval()
-        with torch.no_grad():
-            _, attention = self.model(batch.src, src_mask_of(batch), tgt_in, need_weights=True)
-        src_tokens = [tok.src_pieces(valid.src[i] + [tok.src.eos_id()]) for i in range(n)]
+        attention, src_ids, out_ids = output_attention(self.model, valid, found[:n], self.device)
+        src_tokens = [tok.src_pieces(ids) for ids in src_ids]
         tgt_tokens = [tok.tgt_pieces(ids) for ids in out_ids]
         self.board.attention(attention, src_tokens, tgt_tokens, self.progress.step)
         self.board.samples(self.data.sources[VALID][:n], self.data.references[VALID][:n], hyps[:n], self.progress.step)
@@ -309,7 +342,7 @@ class Trainer:
         """Load the best checkpoint; beam-decode every test split into ``<split>.hyp``; score them."""
         best = self.ckpt_dir / "best.pt"
         if best.is_file():
-            self.model.load_state_dict(load_checkpoint(best, map_location=self.device)["model"])
+            self.model.load_state_dict(load_checkpoint(best)["model"])
         batch_tokens = self.tc.eval_batch_tokens or self.tc.batch_tokens
         results = {}
         for split in self.data.test_splits:
