@@ -29,10 +29,17 @@ def save_checkpoint(payload: Dict[str, Any], path: Path) -> None:
             torch.save(dict(payload, format=FORMAT), out)
             out.flush()
             os.fsync(out.fileno())
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private; give it normal permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:
