@@ -291,9 +291,10 @@ class Trainer:
         p.history.append(dict(scores, step=p.step, epoch=self.epochs_done()))
         p.train_seconds = time.perf_counter() - start
         self.board.flush()
-        save_checkpoint(self.checkpoint(), self.ckpt_dir / "last.pt")
+        payload = self.checkpoint()
+        save_checkpoint(payload, self.ckpt_dir / "last.pt")
         if improved:
-            save_checkpoint(self.checkpoint(), self.ckpt_dir / "best.pt")
+            save_checkpoint(payload, self.ckpt_dir / "best.pt")
         log.info(
             "valid step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f%s (%.0f s)",
             p.step, scores["loss"], scores["ppl"], scores["bleu"], scores["chrf"],
@@ -333,10 +334,9 @@ class Trainer:
             self.progress.train_seconds = time.perf_counter() - start
         self.progress.train_seconds = time.perf_counter() - start
         if not self.progress.history or self.progress.history[-1]["step"] != self.progress.step:
-            self.evaluate(start)  # stopped between evaluations: score the last weights too
+            self.evaluate(start)  # stopped between evaluations: score (and save) the last weights too
             self.progress.train_seconds = time.perf_counter() - start
-        save_checkpoint(self.checkpoint(), self.ckpt_dir / "last.pt")
-        return reason
+        return reason  # the last evaluation, at this step, wrote last.pt
 
     def test(self) -> Dict[str, Dict[str, float]]:
         """Load the best checkpoint; beam-decode every test split into ``<split>.hyp``; score them."""
