@@ -12,6 +12,8 @@ from typing import Any, Dict
 
 import torch
 
+from models.seq2seq import map_state
+
 FORMAT = 1
 
 
@@ -59,13 +61,7 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:
 
 def to_cpu(tree: Any) -> Any:
     """A copy of a nest of dicts / lists / tuples with every tensor on the CPU (loadable anywhere)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, dict):
-        return {key: to_cpu(value) for key, value in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(to_cpu(value) for value in tree)
-    return tree
+    return map_state(tree, lambda tensor: tensor.detach().cpu())
 
 
 def rng_states() -> Dict[str, Any]:
