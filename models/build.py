@@ -1,5 +1,6 @@
 """``build_model``: the one place that turns a model config into a model."""
-from typing import Union
+from dataclasses import fields
+from typing import Any, Dict, Union
 
 from torch import nn
 
@@ -22,3 +23,18 @@ def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_
 def count_parameters(model: nn.Module) -> int:
     """Trainable parameters, each shared (tied) tensor counted once."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def config_from_dict(values: Dict[str, Any]) -> ModelConfig:
+    """The model config saved in a checkpoint (``dataclasses.asdict``) as its dataclass again.
+
+    Raises ``ValueError`` naming an unknown family or keys this version does not know.
+    """
+    families = {"rnn": RNNConfig, "transformer": TransformerConfig}
+    family = families.get(values.get("name"))
+    if family is None:
+        raise ValueError(f"unknown model family {values.get('name')!r} (expected one of {sorted(families)})")
+    unknown = sorted(set(values) - {f.name for f in fields(family)})
+    if unknown:
+        raise ValueError(f"model config has keys this version does not know: {', '.join(unknown)}")
+    return family(**values)

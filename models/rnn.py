@@ -127,6 +127,7 @@ class RNNModel(nn.Module):
     def __init__(self, cfg: RNNConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0):
         super().__init__()
         self.cfg, self.pad_id = cfg, pad_id
+        self.max_positions = None  # no limit on the source or output length
         tgt_embed = TokenEmbedding(tgt_vocab_size, cfg.embed_dim, pad_id)
         share = cfg.share_embeddings and src_vocab_size == tgt_vocab_size
         src_embed = tgt_embed if share else TokenEmbedding(src_vocab_size, cfg.embed_dim, pad_id)

@@ -1,10 +1,19 @@
 """Greedy and beam search over the encoder-decoder contract (``models/seq2seq.py``).
 
-Both work on padded batches and return, per sentence, token ids without BOS and EOS. Beam
-search keeps ``K`` hypotheses per sentence in one ``(B * K)`` batch; a finished hypothesis stays
-in its beam and may only emit EOS at no cost, so every step is one batched ``decode_step``.
-Final scores are normalised with the GNMT length penalty ``((5 + |y|) / 6) ** alpha``
-(Wu et al. 2016, section 7).
+Both decode padded batches, return per sentence token ids without BOS and EOS, and drop a
+sentence from the batch as soon as its search is over, so the decoder never runs for finished
+sentences. Beam search keeps ``K`` live hypotheses per sentence in one ``(A * K)`` batch (``A``
+sentences still searching). Each step it looks at the ``2K`` best one-token extensions: those that
+end in EOS and rank among the first ``K`` go to the sentence's list of finished hypotheses, scored
+with the GNMT length penalty ``((5 + |y|) / 6) ** alpha`` (Wu et al. 2016, section 7; ``|y|``
+counts EOS); the best ``K`` others are the next live beam. A sentence's search ends when
+
+- it has ``K`` finished hypotheses (the rule of fairseq and Marian), or
+- none of its live hypotheses can still beat its ``nbest`` best finished ones: a live score can only
+  fall, so its best possible normalised score is its score now divided by the length penalty at
+  the sentence's length limit, or
+- it reaches its length limit, ``max_len_ratio`` times its source length plus ``max_len_extra``
+  (source length counts EOS); its live hypotheses then count as unfinished (``finished=False``).
 """
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -14,20 +23,35 @@ from torch import Tensor, nn
 
 from models.seq2seq import map_state
 
+MAX_LEN_RATIO = 1.5
+MAX_LEN_EXTRA = 10
+
 
 @dataclass
 class Hypothesis:
     tokens: List[int]  # without BOS / EOS
     score: float  # sum of token log-probabilities (beam search: divided by the length penalty)
     # (len(tokens) + 1, S): source attention of each emitted token, EOS last; (len(tokens), S) when
-    # the search stopped at max_len before EOS.
+    # the search stopped at the length limit before EOS.
     alignment: Optional[Tensor] = None
-    finished: bool = True  # False when the search stopped at max_len before EOS
+    finished: bool = True  # False when the search stopped at the length limit before EOS
 
 
-def output_limit(src_mask: Tensor, ratio: float = 1.5, extra: int = 10) -> int:
-    """Longest output to search for a batch: ``ratio`` times its longest source plus ``extra``."""
-    return int(ratio * int(src_mask.sum(dim=1).max())) + extra
+def output_limits(
+    src_mask: Tensor, ratio: float = MAX_LEN_RATIO, extra: int = MAX_LEN_EXTRA, max_len: Optional[int] = None,
+    cap: Optional[int] = None,
+) -> List[int]:
+    """Longest output of each sentence: ``ratio`` times its source length plus ``extra``, or ``max_len``
+    for all; never more than ``cap`` (the model's ``max_positions``, where it has one)."""
+    if max_len is not None:
+        if max_len < 1:
+            raise ValueError(f"max_len={max_len} must be at least 1")
+        limits = [max_len] * src_mask.size(0)
+    else:
+        if ratio < 0 or extra < 0 or ratio == extra == 0:
+            raise ValueError(f"output length limit {ratio} x source + {extra} must be positive")
+        limits = [max(1, int(ratio * n) + extra) for n in src_mask.sum(dim=1).tolist()]
+    return limits if cap is None else [min(limit, cap) for limit in limits]
 
 
 def step_log_probs(logits: Tensor, never: Tuple[int, ...]) -> Tensor:
@@ -37,121 +61,189 @@ def step_log_probs(logits: Tensor, never: Tuple[int, ...]) -> Tensor:
     return log_probs
 
 
-def _trim(ids: List[int], eos_id: int) -> List[int]:
-    return ids[: ids.index(eos_id)] if eos_id in ids else ids
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT length penalty ``((5 + length) / 6) ** alpha``; ``alpha = 0`` turns it off."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _take(rows: Tensor, *tensors: Optional[Tensor]) -> List[Optional[Tensor]]:
+    """Rows ``rows`` of each tensor (None stays None)."""
+    return [None if t is None else t.index_select(0, rows) for t in tensors]
+
+
+def _append(history: Optional[Tensor], step: Optional[Tensor]) -> Optional[Tensor]:
+    """``(N, t, ...)`` + ``(N, ...)`` -> ``(N, t + 1, ...)``; None when there is nothing to record."""
+    if step is None:
+        return None
+    step = step.unsqueeze(1)
+    return step if history is None else torch.cat([history, step], dim=1)
 
 
 @torch.no_grad()
 def greedy_search(
-    model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int,
-    max_len: Optional[int] = None, need_weights: bool = False, pad_id: int = 0,
+    model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, max_len: Optional[int] = None,
+    need_weights: bool = False, pad_id: int = 0, max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[Hypothesis]:
     """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence."""
-    max_len = max_len or output_limit(src_mask)
+    batch, device = src.size(0), src.device
+    limits = torch.tensor(output_limits(src_mask, max_len_ratio, max_len_extra, max_len, getattr(model, "max_positions", None)))  # (B,)
     state = model.start_state(model.encode(src, src_mask))
-    batch = src.size(0)
-    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=src.device)  # (B,)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (B,)
-    scores = torch.zeros(batch, device=src.device)  # (B,)
-    steps, weights = [], []
-    for _ in range(max_len):
-        logits, state, step_weights = model.decode_step(tokens, state, need_weights)  # (B, V)
-        log_probs = step_log_probs(logits, (bos_id, pad_id))  # (B, V)
-        best, tokens = log_probs.max(dim=-1)  # (B,) each
-        tokens = tokens.masked_fill(finished, eos_id)  # (B,)
-        scores += best.masked_fill(finished, 0.0)
-        steps.append(tokens)
-        if need_weights:
-            weights.append(step_weights)
-        finished |= tokens == eos_id
-        if bool(finished.all()):
+    alive = torch.arange(batch)  # (A,) sentence of each live row
+    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)  # (A,)
+    scores = torch.zeros(batch, device=device)  # (A,)
+    history = tokens.new_zeros(batch, 0)  # (A, t)
+    alignments: Optional[Tensor] = None  # (A, t, S)
+    results: List[Optional[Hypothesis]] = [None] * batch
+    for t in range(1, int(limits.max()) + 1):
+        logits, state, weights = model.decode_step(tokens, state, need_weights)  # (A, V)
+        best, tokens = step_log_probs(logits, (bos_id, pad_id)).max(dim=-1)  # (A,) each
+        scores = scores + best
+        history = torch.cat([history, tokens.unsqueeze(1)], dim=1)  # (A, t)
+        alignments = _append(alignments, weights)
+        ended = (tokens == eos_id).cpu()  # (A,)
+        done = ended | (limits[alive] <= t)  # (A,)
+        for i in done.nonzero().flatten().tolist():
+            ids = history[i].tolist()
+            results[int(alive[i])] = Hypothesis(
+                ids[:-1] if ended[i] else ids, float(scores[i]),
+                None if alignments is None else alignments[i].cpu(), finished=bool(ended[i]),
+            )
+        if bool(done.all()):
             break
-    ids = torch.stack(steps, 1).tolist()  # (B, t)
-    alignments = torch.stack(weights, 1) if need_weights else None  # (B, t, S)
-    return [_hypothesis(row, float(scores[i]), alignments, i, eos_id) for i, row in enumerate(ids)]
+        if bool(done.any()):
+            keep = (~done).nonzero().flatten()  # (A',)
+            alive = alive[keep]
+            keep = keep.to(device)
+            tokens, scores, history, alignments = _take(keep, tokens, scores, history, alignments)
+            state = map_state(state, lambda x: x.index_select(0, keep))
+    return results  # type: ignore[return-value]
 
 
-def _hypothesis(ids: List[int], score: float, alignments: Optional[Tensor], row: int, eos_id: int) -> Hypothesis:
-    tokens = _trim(ids, eos_id)
-    alignment = alignments[row, : len(tokens) + 1].cpu() if alignments is not None else None  # (|y| + 1, S)
-    return Hypothesis(tokens, score, alignment, finished=eos_id in ids)
+class _Finished:
+    """The finished hypotheses of one sentence, best first by normalised score."""
+
+    def __init__(self) -> None:
+        self.hyps: List[Hypothesis] = []
+
+    def add(self, hyp: Hypothesis) -> None:
+        self.hyps.append(hyp)
+        self.hyps.sort(key=lambda h: h.score, reverse=True)
+
+    def nth_score(self, n: int) -> float:
+        return self.hyps[n - 1].score if len(self.hyps) >= n else float("-inf")
 
 
-def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
-    """GNMT length penalty ``((5 + length) / 6) ** alpha``; ``alpha = 0`` turns it off."""
-    return ((5.0 + lengths.float()) / 6.0) ** alpha
+def _expand(scores: Tensor, log_probs: Tensor, alive: int, beam: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The ``2K`` best one-token extensions of each sentence's beam, best first.
 
-
-def _expand(log_probs: Tensor, scores: Tensor, finished: Tensor, eos_id: int) -> Tensor:
-    """Scores of every one-token extension: ``(B * K, V)`` log-probs -> ``(B * K, V)``.
-
-    A finished hypothesis can only be extended by EOS, at no cost, so it keeps its score.
+    ``scores`` ``(A * K,)`` and ``log_probs`` ``(A * K, V)`` -> their scores ``(A, 2K)``, the row of
+    the hypothesis each extends ``(A, 2K)`` (into the ``A * K`` batch) and the new tokens ``(A, 2K)``.
     """
-    carry = torch.full_like(log_probs, float("-inf"))  # (B * K, V)
-    carry[:, eos_id] = 0.0
-    log_probs = torch.where(finished.unsqueeze(1), carry, log_probs)  # (B * K, V)
-    return scores.unsqueeze(1) + log_probs  # (B * K, V)
-
-
-def _prune(candidates: Tensor, batch: int, beam: int) -> Tuple[Tensor, Tensor, Tensor]:
-    """Keep the ``K`` best of each sentence's ``K * V`` candidates.
-
-    Returns their scores ``(B * K,)``, the flat index of the hypothesis each extends ``(B * K,)``
-    and the new tokens ``(B * K,)``.
-    """
-    vocab = candidates.size(1)
-    scores, index = candidates.view(batch, beam * vocab).topk(beam, dim=1)  # (B, K) each
-    origin = torch.div(index, vocab, rounding_mode="floor")  # (B, K) beam within the sentence
-    offsets = torch.arange(batch, device=candidates.device).unsqueeze(1) * beam  # (B, 1)
-    return scores.view(-1), (origin + offsets).view(-1), (index % vocab).view(-1)
+    vocab = log_probs.size(1)
+    candidates = (scores.unsqueeze(1) + log_probs).view(alive, beam * vocab)  # (A, K * V)
+    top, index = candidates.topk(min(2 * beam, beam * vocab), dim=1)  # (A, 2K)
+    offsets = torch.arange(alive, device=scores.device).unsqueeze(1) * beam  # (A, 1)
+    return top, torch.div(index, vocab, rounding_mode="floor") + offsets, index % vocab
 
 
 def _finish(
-    history: Tensor, scores: Tensor, lengths: Tensor, alignments: Optional[Tensor],
-    batch: int, beam: int, alpha: float, nbest: int, eos_id: int,
-) -> List[List[Hypothesis]]:
-    """Rank each sentence's ``K`` hypotheses by length-normalised score; keep the ``nbest`` best."""
-    normalised = (scores / length_penalty(lengths, alpha)).view(batch, beam)  # (B, K)
-    order = normalised.argsort(dim=1, descending=True)[:, :nbest]  # (B, n)
-    rows = history.tolist()
-    results = []
-    for b in range(batch):
-        picks = [b * beam + int(k) for k in order[b]]
-        results.append([_hypothesis(rows[i], float(normalised.view(-1)[i]), alignments, i, eos_id) for i in picks])
-    return results
+    top: Tensor, rows: Tensor, is_eos: Tensor, beam: int, t: int, alpha: float, history: Tensor,
+    alignments: Optional[Tensor], weights: Optional[Tensor], sentences: List[int], finished: List[_Finished],
+) -> None:
+    """Move extensions by EOS that rank among the first ``K`` of their sentence to its finished list.
+
+    (Only the first ``K``: an EOS further down would not have survived pruning in a beam of ``K``.)
+    """
+    accepted = is_eos[:, :beam] & torch.isfinite(top[:, :beam])  # (A, K)
+    if not bool(accepted.any()):
+        return
+    penalty = length_penalty(t, alpha)
+    for a, r in accepted.nonzero().tolist():
+        row = int(rows[a, r])
+        alignment = None  # (t, S): the hypothesis's rows, then this step's (EOS)
+        if weights is not None:
+            alignment = _append(None if alignments is None else alignments[row : row + 1], weights[row : row + 1])[0].cpu()
+        finished[sentences[a]].add(Hypothesis(history[row].tolist(), float(top[a, r]) / penalty, alignment, True))
+
+
+def _prune(top: Tensor, rows: Tensor, tokens: Tensor, is_eos: Tensor, beam: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """The next live beam: the ``K`` best extensions that do not end in EOS (flattened to ``(A * K,)`` each).
+
+    Each of the ``K`` hypotheses has one EOS extension, so ``2K`` candidates hold at least ``K`` others.
+    """
+    picks = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :beam]  # (A, K) first non-EOS ranks
+    return top.gather(1, picks).view(-1), rows.gather(1, picks).view(-1), tokens.gather(1, picks).view(-1)
+
+
+def _search_over(
+    best_live: float, limit: int, t: int, found: _Finished, beam: int, nbest: int, alpha: float
+) -> bool:
+    """Whether a sentence's search can end after step ``t`` (the rules in the module docstring)."""
+    if t >= limit or len(found.hyps) >= beam:
+        return True
+    bound = best_live / length_penalty(limit, alpha)  # the best normalised score a live hypothesis can reach
+    return found.nth_score(nbest) >= bound
 
 
 @torch.no_grad()
 def beam_search(
     model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, beam_size: int = 5,
     alpha: float = 1.0, nbest: int = 1, max_len: Optional[int] = None, need_weights: bool = False, pad_id: int = 0,
+    max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[List[Hypothesis]]:
     """Beam search; per sentence the ``nbest`` best hypotheses, best first. ``src``/``src_mask`` ``(B, S)``."""
+    if beam_size < 1:
+        raise ValueError(f"beam size {beam_size} must be at least 1")
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest} must be between 1 and the beam size {beam_size}")
-    max_len = max_len or output_limit(src_mask)
+    if alpha < 0:
+        raise ValueError(f"length penalty alpha={alpha} must be >= 0")
     batch, beam, device = src.size(0), beam_size, src.device
+    limits = output_limits(src_mask, max_len_ratio, max_len_extra, max_len, getattr(model, "max_positions", None))
     state = model.start_state(model.encode(src, src_mask))
-    state = map_state(state, lambda t: t.repeat_interleave(beam, dim=0))  # batch -> (B * K)
-    scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, K) only one live start per sentence
+    state = map_state(state, lambda x: x.repeat_interleave(beam, dim=0))  # (B * K, ...)
+    scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, K) one live start per sentence
     scores[:, 0] = 0.0
-    scores = scores.view(-1)  # (B * K,)
-    tokens = torch.full((batch * beam,), bos_id, dtype=torch.long, device=device)  # (B * K,)
-    finished = torch.zeros(batch * beam, dtype=torch.bool, device=device)  # (B * K,)
-    lengths = torch.zeros(batch * beam, dtype=torch.long, device=device)  # (B * K,) tokens up to EOS
-    history = tokens.new_zeros(batch * beam, 0)  # (B * K, t)
-    alignments = None
-    for _ in range(max_len):
-        logits, state, weights = model.decode_step(tokens, state, need_weights)  # (B * K, V)
-        candidates = _expand(step_log_probs(logits, (bos_id, pad_id)), scores, finished, eos_id)  # (B * K, V)
-        scores, origin, tokens = _prune(candidates, batch, beam)
-        state = map_state(state, lambda t: t.index_select(0, origin))
-        lengths = lengths.index_select(0, origin) + (~finished.index_select(0, origin)).long()  # (B * K,)
-        finished = finished.index_select(0, origin) | (tokens == eos_id)  # (B * K,)
-        history = torch.cat([history.index_select(0, origin), tokens.unsqueeze(1)], dim=1)  # (B * K, t + 1)
-        if need_weights:
-            step = weights.index_select(0, origin).unsqueeze(1)  # (B * K, 1, S)
-            alignments = step if alignments is None else torch.cat([alignments.index_select(0, origin), step], 1)
-        if bool(finished.all()):
+    scores = scores.view(-1)  # (A * K,)
+    tokens = torch.full((batch * beam,), bos_id, dtype=torch.long, device=device)  # (A * K,)
+    history = tokens.new_zeros(batch * beam, 0)  # (A * K, t)
+    alignments: Optional[Tensor] = None  # (A * K, t, S)
+    sentences = list(range(batch))  # (A,) sentence of each live beam
+    finished = [_Finished() for _ in range(batch)]
+    for t in range(1, max(limits) + 1):
+        logits, state, weights = model.decode_step(tokens, state, need_weights)  # (A * K, V)
+        top, rows, new_tokens = _expand(scores, step_log_probs(logits, (bos_id, pad_id)), len(sentences), beam)
+        is_eos = new_tokens == eos_id  # (A, 2K)
+        _finish(top, rows, is_eos, beam, t, alpha, history, alignments, weights, sentences, finished)
+        scores, rows, tokens = _prune(top, rows, new_tokens, is_eos, beam)  # (A * K,) each
+        state = map_state(state, lambda x: x.index_select(0, rows))
+        history = torch.cat([history.index_select(0, rows), tokens.unsqueeze(1)], dim=1)  # (A * K, t)
+        if weights is not None:
+            alignments = _append(None if alignments is None else alignments.index_select(0, rows), weights.index_select(0, rows))
+        best_live = scores.view(-1, beam)[:, 0].tolist()  # (A,) the live beams are sorted
+        keep = []
+        for a, sentence in enumerate(sentences):
+            if not _search_over(best_live[a], limits[sentence], t, finished[sentence], beam, nbest, alpha):
+                keep.append(a)
+            elif t >= limits[sentence]:
+                _add_unfinished(finished[sentence], a, beam, t, alpha, scores, history, alignments)
+        if not keep:
             break
-    return _finish(history, scores, lengths, alignments, batch, beam, alpha, nbest, eos_id)
+        if len(keep) < len(sentences):
+            sentences = [sentences[a] for a in keep]
+            keep_rows = (torch.tensor(keep, device=device).unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
+            scores, tokens, history, alignments = _take(keep_rows, scores, tokens, history, alignments)
+            state = map_state(state, lambda x: x.index_select(0, keep_rows))
+    return [found.hyps[:nbest] for found in finished]
+
+
+def _add_unfinished(
+    found: _Finished, a: int, beam: int, t: int, alpha: float, scores: Tensor, history: Tensor, alignments: Optional[Tensor]
+) -> None:
+    """At the length limit, the sentence's live hypotheses join its list as unfinished ones."""
+    penalty = length_penalty(t, alpha)
+    for row in range(a * beam, (a + 1) * beam):
+        score = float(scores[row])
+        if score > float("-inf"):
+            alignment = None if alignments is None else alignments[row].cpu()
+            found.add(Hypothesis(history[row].tolist(), score / penalty, alignment, finished=False))

@@ -10,6 +10,8 @@ A model has:
 - ``forward(src, src_mask, tgt_in, need_weights=False) -> (logits, attention)``: teacher-forced
   pass over a whole target, logits ``(B, T, V)``; ``attention`` maps names to weights when asked.
 
+``max_positions`` is the longest source or output the model can take (None: no limit).
+
 A decoder state is a nest of dicts, lists and tuples whose tensors all have the batch on dim 0,
 so ``map_state(state, fn)`` can reorder or repeat it for beam search.
 """

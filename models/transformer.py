@@ -119,6 +119,7 @@ class Transformer(nn.Module):
         if cfg.norm not in ("pre", "post"):
             raise ValueError(f"model.norm must be 'pre' or 'post', got {cfg.norm!r}")
         self.cfg, self.pad_id = cfg, pad_id
+        self.max_positions = cfg.max_positions  # longest source or output it can take
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, cfg.d_model, pad_id, scale=True)
         share = cfg.share_embeddings and src_vocab_size == tgt_vocab_size
         self.src_embed = self.tgt_embed if share else TokenEmbedding(src_vocab_size, cfg.d_model, pad_id, scale=True)

@@ -13,7 +13,7 @@ from torch import nn
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
-from models.search import beam_search, greedy_search, output_limit
+from models.search import beam_search, greedy_search, output_limits
 
 V = 40
 
@@ -189,10 +189,23 @@ def test_max_len_is_respected(family):
     assert all(len(h.tokens) == 4 for hyps in beams for h in hyps)
 
 
-def test_default_output_limit_follows_the_longest_source():
-    _, src_mask = sources()
-    assert output_limit(src_mask) == int(1.5 * 7) + 10
-    assert output_limit(src_mask[2:]) == int(1.5 * 3) + 10
+def test_default_output_limit_follows_each_source():
+    _, src_mask = sources()  # lengths 7, 5, 3, 1
+    assert output_limits(src_mask) == [int(1.5 * n) + 10 for n in (7, 5, 3, 1)]
+    assert output_limits(src_mask, ratio=2.0, extra=1) == [15, 11, 7, 3]
+    assert output_limits(src_mask, max_len=4) == [4] * 4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_sentence_stops_at_its_own_limit(family):
+    model = Biased(tiny(family), favour(EOS_ID, amount=-100.0))  # never stops on its own
+    src, src_mask = sources()
+    expected = [int(0.5 * n) + 2 for n in (7, 5, 3, 1)]
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len_ratio=0.5, max_len_extra=2)
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=2, max_len_ratio=0.5, max_len_extra=2)
+    assert [len(h.tokens) for h in greedy] == expected
+    assert [[len(h.tokens) for h in hyps] for hyps in beams] == [[n, n] for n in expected]
+    assert not any(h.finished for h in greedy)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -5,13 +5,19 @@ A checkpoint loads with ``torch.load(path, weights_only=True)`` and holds everyt
 resuming (optimizer, step, epoch, RNG states, the resolved config).
 """
 import os
+import pickle
 import random
+import re
 import tempfile
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import torch
+from torch import nn
 
+from data.specials import PAD_ID
+from data.tokenizer import Tokenizer
+from models.build import build_model, config_from_dict
 from models.seq2seq import map_state
 
 FORMAT = 1
@@ -51,12 +57,27 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch raises several types for truncated or foreign files
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(error).__name__}: {str(error).splitlines()[0]})") from None
+        raise CheckpointError(f"checkpoint {path} cannot be read: {_load_failure(error)}") from None
     if not isinstance(payload, dict) or "model" not in payload or "model_config" not in payload:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no model or model_config)")
     if payload.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path} has format {payload.get('format')!r}, this version reads {FORMAT}")
     return payload
+
+
+def _load_failure(error: Exception) -> str:
+    """What went wrong in ``torch.load``, in one line (torch's messages run over several)."""
+    message = str(error)
+    if "GLOBAL" in message:  # weights-only unpickling met a class or function: nothing was run
+        found = re.search(r"GLOBAL (\S+)", message)
+        what = found.group(1) if found else "a Python object"
+        return f"it holds pickled code or objects ({what}), not only tensors and plain data; refused, nothing was run"
+    if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in message:
+        return "not a file written by torch.save"
+    if "zip archive" in message or "central directory" in message:
+        return "the file is truncated or corrupt"
+    lines = [line for line in message.splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def to_cpu(tree: Any) -> Any:
@@ -76,3 +97,22 @@ def set_rng_states(states: Dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def load_model(path: Path, device: Any = "cpu") -> Tuple[nn.Module, Tokenizer, Dict[str, Any]]:
+    """The model (in eval mode, on ``device``) and the tokenizer of a checkpoint, and the checkpoint.
+
+    Everything comes from the file: model config, weights and SentencePiece models.
+    """
+    payload = load_checkpoint(path)
+    if "tokenizer" not in payload:
+        raise CheckpointError(f"{path} holds no tokenizer (not a checkpoint of this project)")
+    try:
+        cfg = config_from_dict(dict(payload["model_config"]))
+        tokenizer = Tokenizer.from_state_dict(payload["tokenizer"])
+        model = build_model(cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, PAD_ID)
+        model.load_state_dict(payload["model"])
+    except (ValueError, TypeError, KeyError, RuntimeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"checkpoint {path} does not match its model config ({first})") from None
+    return model.to(device).eval(), tokenizer, payload

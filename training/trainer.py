@@ -30,6 +30,7 @@ from models.build import build_model, count_parameters
 from training.board import Board, flat_params
 from training.checkpoint import CheckpointError, load_checkpoint, rng_states, save_checkpoint, set_rng_states, to_cpu
 from training.config import TrainerConfig, model_config
+from training.device import pick_device
 from models.search import Hypothesis
 from training.evaluate import decode_ids, detokenize, output_attention, src_mask_of, translate_split, validation_loss
 from training.loss import label_smoothed_nll
@@ -52,15 +53,6 @@ class Progress:
     step_seconds: float = 0.0  # time inside optimizer steps only
     tgt_tokens: int = 0  # real target tokens trained on
     history: List[Dict[str, float]] = field(default_factory=list)  # one entry per evaluation
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name} but no CUDA device is available: use device=auto or device=cpu")
-    return device
 
 
 def set_threads(tc: TrainerConfig, device: torch.device) -> None:
