@@ -267,11 +267,12 @@ def interactive(translator: Translator, out: OutputFile, args: argparse.Namespac
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
     index = 0
     while True:
-        try:
-            line = input("> ")
-        except EOFError:
+        print("> ", end="", file=sys.stderr, flush=True)  # the prompt is not part of the output
+        line = sys.stdin.readline()
+        if not line:  # Ctrl-D
             print(file=sys.stderr)
             return
+        line = line.rstrip("\r\n")
         translations = translator.translate([line], first_line=index + 1)
         out.write_lines(format_lines(index, translations[0], args.nbest is not None, args.alignments))
         out.stream.flush()

@@ -78,3 +78,45 @@ def compose_config():
             return compose("config", overrides=list(overrides))
 
     return make
+
+
+LEARNING_PAIRS = 200
+LEARNING_FAMILIES = {
+    "transformer": ["model=transformer", "model.d_model=128", "model.n_heads=4", "model.ff_size=256",
+                    "model.encoder_layers=2", "model.decoder_layers=2", "model.dropout=0.0",
+                    "trainer.lr=2e-3", "trainer.max_steps=300"],
+    "rnn": ["model=rnn", "model.embed_dim=128", "model.hidden_size=128", "model.attention_size=128",
+            "model.dropout=0.0", "trainer.lr=5e-3", "trainer.max_steps=300"],
+}
+
+
+@pytest.fixture(scope="session")
+def trained_slice_models(multi30k_slice, compose_config, tmp_path_factory):
+    """Each family trained for real (300 steps) on the first 200 training pairs of the slice, once
+    per session; ``{family: (trainer, checkpoint path, seconds)}``. Used by the learning test and
+    by the translate.py tests (a model that has memorised its training pairs translates them)."""
+    import time
+
+    from training.board import Board
+    from training.checkpoint import save_checkpoint
+    from training.trainer import Trainer
+
+    models = {}
+    for family, extra in LEARNING_FAMILIES.items():
+        run = tmp_path_factory.mktemp(f"learn_{family}")
+        overrides = [
+            f"data.root={multi30k_slice}", f"data.cache_dir={run / 'cache'}", f"data.train_limit={LEARNING_PAIRS}",
+            "data.vocab_size=600", "trainer.batch_tokens=2000", "trainer.schedule=constant", "trainer.warmup_steps=20",
+            "trainer.label_smoothing=0.0", "trainer.eval_every=1000000", "trainer.log_every=1000000",
+            "trainer.patience=null", "trainer.max_epochs=null", *extra,
+        ]
+        trainer = Trainer(compose_config(overrides), run)
+        trainer.board = Board(run / "tb")
+        start = time.perf_counter()
+        while trainer.train_epoch(start) is None:
+            pass
+        trainer.board.close()
+        path = run / "checkpoints" / "best.pt"
+        save_checkpoint(trainer.checkpoint(), path)
+        models[family] = (trainer, path, time.perf_counter() - start)
+    return models

@@ -248,3 +248,49 @@ def test_nbest_larger_than_the_beam_is_refused():
     src, src_mask = sources()
     with pytest.raises(ValueError, match="nbest"):
         beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, nbest=3)
+
+
+class TableModel(nn.Module):
+    """A hand-built model: the next-token distribution depends only on the previous token.
+
+    Follows the seq2seq contract (state: the previous token; weights: uniform over the source).
+    Vocabulary: 0 pad, 1 unk, 2 bos, 3 eos, 4 "a", 5 "b", 6 "c".
+    """
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = {prev: torch.tensor(probs).log() for prev, probs in table.items()}
+
+    def encode(self, src, src_mask, need_weights=False):
+        from models.seq2seq import Encoded
+
+        return Encoded(memory=torch.zeros(src.size(0), src.size(1), 1), src_mask=src_mask)
+
+    def start_state(self, encoded):
+        return {"src_mask": encoded.src_mask}
+
+    def decode_step(self, tokens, state, need_weights=False):
+        logits = torch.stack([self.table[int(t)] for t in tokens])  # (B, V)
+        weights = state["src_mask"].float() / state["src_mask"].sum(1, keepdim=True)  # (B, S)
+        return logits, state, weights if need_weights else None
+
+
+def test_beam_finds_what_greedy_misses_on_a_hand_built_model():
+    """Greedy takes "a" (0.6) and then has only 0.4 x 0.5 left at best; "b" (0.4) then EOS (0.9)
+    is worth 0.36 > 0.6 x 0.4 = 0.24: beam search finds it, greedy cannot."""
+    tiny_prob = 1e-6
+    table = {
+        BOS_ID: [tiny_prob, tiny_prob, tiny_prob, tiny_prob, 0.6, 0.4, tiny_prob],
+        4: [tiny_prob, tiny_prob, tiny_prob, 0.4, 0.3, 0.3, tiny_prob],  # after "a": EOS 0.4 at best
+        5: [tiny_prob, tiny_prob, tiny_prob, 0.9, 0.05, 0.05, tiny_prob],  # after "b": EOS 0.9
+        6: [tiny_prob, tiny_prob, tiny_prob, 1.0, tiny_prob, tiny_prob, tiny_prob],
+    }
+    model = TableModel(table)
+    src = torch.tensor([[4, 5, EOS_ID]])
+    src_mask = src != PAD_ID
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=5)[0]
+    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, alpha=0.0, nbest=2, max_len=5)[0]
+    assert greedy.tokens == [4] and greedy.score == pytest.approx(float(torch.tensor(0.6 * 0.4).log()), abs=1e-4)
+    assert beam[0].tokens == [5] and beam[0].score == pytest.approx(float(torch.tensor(0.4 * 0.9).log()), abs=1e-4)
+    assert beam[1].tokens == [4] and beam[1].score == pytest.approx(greedy.score, abs=1e-4)
+    assert beam[0].finished and beam[1].finished

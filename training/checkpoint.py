@@ -74,7 +74,9 @@ def _load_failure(error: Exception) -> str:
         return f"it holds pickled code or objects ({what}), not only tensors and plain data; refused, nothing was run"
     if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in message:
         return "not a file written by torch.save"
-    if "zip archive" in message or "central directory" in message:
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, (EOFError, OSError)) or "zip archive" in message or "central directory" in message:
         return "the file is truncated or corrupt"
     lines = [line for line in message.splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}"

@@ -1,0 +1,259 @@
+"""translate.py, run as users run it (a subprocess), with checkpoints of models trained in the session.
+
+The models of ``trained_slice_models`` (conftest.py) have memorised 200 Multi30k training pairs,
+so translating those sources must give back their references: a check of the whole path
+(checkpoint -> tokenizer -> batched search -> detokenized text in the input order).
+"""
+import os
+import random
+import re
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+from conftest import LEARNING_PAIRS, ROOT
+from data.tokenizer import normalize
+from training.checkpoint import load_checkpoint, save_checkpoint
+
+FAMILIES = ["rnn", "transformer"]
+
+
+def translate(*args, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "translate.py", *map(str, args)], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pairs(multi30k_slice):
+    """The memorised training pairs (source, reference)."""
+    src = (multi30k_slice / "train.de").read_text(encoding="utf-8").splitlines()[:LEARNING_PAIRS]
+    tgt = (multi30k_slice / "train.en").read_text(encoding="utf-8").splitlines()[:LEARNING_PAIRS]
+    return list(zip(src, tgt))
+
+
+def shuffled_by_length(pairs, n=24, seed=3):
+    """``n`` pairs in an order where long and short sources alternate (so sorting inside the tool matters)."""
+    chosen = random.Random(seed).sample(pairs, n)
+    chosen.sort(key=lambda p: len(p[0].split()))
+    return [chosen[i // 2] if i % 2 == 0 else chosen[-1 - i // 2] for i in range(n)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("beam", [1, 5])
+def test_translates_memorised_pairs_in_input_order(family, beam, trained_slice_models, pairs, tmp_path):
+    _, checkpoint, _ = trained_slice_models[family]
+    chosen = shuffled_by_length(pairs)
+    source = tmp_path / "in.de"
+    source.write_text("".join(src + "\n" for src, _ in chosen), encoding="utf-8")
+    done = translate("--checkpoint", checkpoint, "--input", source, "--beam", beam, "--batch-size", 5, "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    hyps = done.stdout.splitlines()
+    assert len(hyps) == len(chosen)
+    references = [normalize(tgt) for _, tgt in chosen]
+    bleu = sacrebleu.corpus_bleu(hyps, [references]).score
+    assert bleu > 70, f"{family} beam {beam}: BLEU {bleu:.1f} on memorised pairs; first lines {hyps[:3]}"
+    exact = sum(h == r for h, r in zip(hyps, references))
+    assert exact >= len(chosen) // 2  # in the input order: most lines are their own reference
+
+
+def test_arguments_and_standard_input_give_the_same_lines(trained_slice_models, pairs):
+    _, checkpoint, _ = trained_slice_models["transformer"]
+    first, second = pairs[0][0], pairs[7][0]
+    by_args = translate("--checkpoint", checkpoint, "--beam", 3, first, second)
+    by_stdin = translate("--checkpoint", checkpoint, "--beam", 3, stdin=f"{first}\n\n   \n{second}\n")
+    assert by_args.returncode == by_stdin.returncode == 0, by_args.stderr + by_stdin.stderr
+    one, two = by_args.stdout.splitlines()
+    assert by_stdin.stdout.splitlines() == [one, "", "", two]  # an empty (or blank) line gives an empty line
+    assert by_args.stderr == by_stdin.stderr == ""
+
+
+def test_nbest_lists_are_sorted_and_indexed(trained_slice_models, pairs):
+    _, checkpoint, _ = trained_slice_models["rnn"]
+    sources = [pairs[i][0] for i in (2, 3, 4)]
+    done = translate("--checkpoint", checkpoint, "--beam", 4, "--nbest", 3, stdin="\n".join(sources) + "\n")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 9
+    rows = [line.split(" ||| ") for line in lines]
+    assert all(len(row) == 3 for row in rows)
+    assert [int(row[0]) for row in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for index in range(3):
+        scores = [float(row[2]) for row in rows if int(row[0]) == index]
+        texts = [row[1] for row in rows if int(row[0]) == index]
+        assert scores == sorted(scores, reverse=True) and all(s <= 0 for s in scores)
+        assert len(set(texts)) == 3  # three different hypotheses
+    best = translate("--checkpoint", checkpoint, "--beam", 4, stdin="\n".join(sources) + "\n")
+    assert best.stdout.splitlines() == [rows[i][1] for i in (0, 3, 6)]  # the first of each list is the translation
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_alignments_are_well_formed_pharaoh(family, trained_slice_models, pairs):
+    _, checkpoint, _ = trained_slice_models[family]
+    sources = [pairs[i][0] for i in range(10)]
+    done = translate("--checkpoint", checkpoint, "--alignments", stdin="\n".join(sources) + "\n")
+    assert done.returncode == 0, done.stderr
+    plain = translate("--checkpoint", checkpoint, stdin="\n".join(sources) + "\n")
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(sources)
+    for source, line, text in zip(sources, lines, plain.stdout.splitlines()):
+        hyp, alignment = line.split("\t")
+        assert hyp == text  # the alignment is appended, the translation unchanged
+        pairs_ij = [tuple(map(int, item.split("-"))) for item in alignment.split()]
+        assert all(re.fullmatch(r"\d+-\d+", item) for item in alignment.split())
+        n_src, n_out = len(normalize(source).split()), len(hyp.split())
+        assert all(0 <= i < n_src and 0 <= j < n_out for i, j in pairs_ij)
+        assert sorted(j for _, j in pairs_ij) == list(range(n_out))  # every output word once
+
+
+def test_plots_one_png_per_sentence(trained_slice_models, pairs, tmp_path):
+    _, checkpoint, _ = trained_slice_models["transformer"]
+    sources = [pairs[0][0], "", pairs[1][0]]
+    done = translate("--checkpoint", checkpoint, "--plot", tmp_path / "plots", stdin="\n".join(sources) + "\n")
+    assert done.returncode == 0, done.stderr
+    pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert pngs == ["0000.png", "0002.png"]  # none for the empty line
+    import matplotlib.image
+
+    image = matplotlib.image.imread(tmp_path / "plots" / "0000.png")
+    assert image.shape[0] > 200 and image.shape[1] > 300
+
+
+def test_output_file_is_replaced_only_when_the_run_succeeds(trained_slice_models, pairs, tmp_path):
+    _, checkpoint, _ = trained_slice_models["rnn"]
+    out = tmp_path / "out.en"
+    out.write_text("earlier output\n")
+    failed = translate("--checkpoint", tmp_path / "missing.pt", "--output", out, pairs[0][0])
+    assert failed.returncode != 0 and out.read_text() == "earlier output\n"
+    done = translate("--checkpoint", checkpoint, "--output", out, pairs[0][0])
+    assert done.returncode == 0 and done.stdout == ""
+    assert out.read_text() == normalize(pairs[0][1]) + "\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.en"]  # no temporary file left
+
+
+def test_too_long_input_is_truncated_with_a_warning(trained_slice_models, pairs):
+    _, checkpoint, _ = trained_slice_models["transformer"]  # max_positions 1024
+    long_line = " ".join([pairs[0][0]] * 150)  # thousands of subword tokens
+    done = translate("--checkpoint", checkpoint, "--beam", 2, "--max-len-ratio", 0, "--max-len-extra", 8,
+                     stdin=f"{pairs[1][0]}\n{long_line}\n")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 2
+    assert re.fullmatch(r"warning: line 2: \d+ subword tokens, more than the model takes \(1023\); translating the first 1023\n", done.stderr)
+
+
+def bad_checkpoints(folder: Path, good: Path):
+    """(name, path, expected message) of files that are not usable checkpoints."""
+    text = folder / "notes.txt"
+    text.write_text("not a checkpoint\n")
+    truncated = folder / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:50_000])
+    payload = load_checkpoint(good)
+    old = folder / "old_format.pt"
+    torch.save(dict(payload, format=0), old)
+    foreign = folder / "foreign.pt"
+    torch.save({"state_dict": payload["model"]}, foreign)
+    mismatched = folder / "mismatched.pt"
+    save_checkpoint(dict(payload, model_config=dict(payload["model_config"], d_model=64)), mismatched)
+    return [
+        ("missing", folder / "nothing.pt", "does not exist"),
+        ("text", text, "not a file written by torch.save"),
+        ("truncated", truncated, "truncated or corrupt"),
+        ("old format", old, "has format 0, this version reads 1"),
+        ("foreign", foreign, "is not a checkpoint of this project"),
+        ("mismatched config", mismatched, "does not match its model config"),
+    ]
+
+
+def assert_one_error_line(done: subprocess.CompletedProcess, expected: str) -> None:
+    assert done.returncode != 0
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], done.stderr
+
+
+def test_bad_checkpoints_give_one_error_line(trained_slice_models, tmp_path):
+    _, good, _ = trained_slice_models["rnn"]
+    for name, path, expected in bad_checkpoints(tmp_path, good):
+        assert_one_error_line(translate("--checkpoint", path, "Ein Mann."), expected)
+
+
+def test_a_checkpoint_carrying_code_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": Payload(), "model_config": {}, "format": 1}, evil)
+    done = translate("--checkpoint", evil, "Ein Mann.")
+    assert_one_error_line(done, "pickled code or objects")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("options, expected", [
+    (["--beam", "0", "Ein Mann."], "--beam 0"),
+    (["--beam", "4", "--nbest", "5", "Ein Mann."], "--nbest 5: must be between 1 and the beam size (4)"),
+    (["--batch-size", "0", "Ein Mann."], "--batch-size 0"),
+    (["--alpha", "-1", "Ein Mann."], "--alpha -1.0"),
+    (["--max-len-ratio", "-1", "Ein Mann."], "--max-len-ratio -1.0"),
+    (["--beam", "five", "Ein Mann."], "invalid int value: 'five'"),
+    (["--frobnicate", "Ein Mann."], "unrecognized arguments: --frobnicate"),
+    (["--input", "no_such_file.de"], "input file no_such_file.de does not exist"),
+    (["--input", "README.md", "Ein Mann."], "not both"),
+])
+def test_bad_options_give_one_error_line(options, expected, trained_slice_models):
+    _, checkpoint, _ = trained_slice_models["rnn"]
+    assert_one_error_line(translate("--checkpoint", checkpoint, *options), expected)
+
+
+def test_bad_device_and_unwritable_output(trained_slice_models, tmp_path):
+    _, checkpoint, _ = trained_slice_models["rnn"]
+    assert_one_error_line(translate("--checkpoint", checkpoint, "--device", "tpu", "Ein Mann."), "not a torch device")
+    if not torch.cuda.is_available():
+        assert_one_error_line(translate("--checkpoint", checkpoint, "--device", "cuda", "Ein Mann."), "no CUDA device")
+    missing_folder = tmp_path / "no" / "such" / "out.en"
+    assert_one_error_line(translate("--checkpoint", checkpoint, "--output", missing_folder, "Ein Mann."), "cannot write --output")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # running as a user that ignores permissions (root)
+            pytest.skip("this user can write into read-only folders")
+        assert_one_error_line(translate("--checkpoint", checkpoint, "--output", locked / "out.en", "Ein Mann."), "cannot write --output")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_command_line_errors_come_before_heavy_imports():
+    code = ("import sys, translate; rc = translate.main(['--checkpoint', 'missing.pt', 'x']); "
+            "print(rc, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["1", "False"]
+
+
+def test_interactive_prompt_on_a_terminal(trained_slice_models, pairs):
+    """With a terminal on standard input and no sentences, each line entered is translated at once."""
+    _, checkpoint, _ = trained_slice_models["transformer"]
+    master, slave = os.openpty()
+    process = subprocess.Popen([sys.executable, "translate.py", "--checkpoint", str(checkpoint), "--beam", "2"], cwd=ROOT,
+                               stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(slave)
+    try:
+        os.write(master, (pairs[0][0] + "\n").encode())
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, "no translation within 60 s"
+        first = process.stdout.readline()  # printed before the next line is typed
+        os.write(master, b"\x04")  # Ctrl-D: end of input
+        out, err = process.communicate(timeout=30)
+    finally:
+        os.close(master)
+        if process.poll() is None:
+            process.kill()
+    assert first.rstrip("\n") == normalize(pairs[0][1])
+    assert process.returncode == 0 and "Ctrl-D" in err
