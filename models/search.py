@@ -141,19 +141,28 @@ class _Finished:
         return self.hyps[n - 1].score if len(self.hyps) >= n else float("-inf")
 
 
-def _expand(scores: Tensor, logits: Tensor, alive: int, beam: int, never: Tuple[int, ...]) -> Tuple[Tensor, Tensor, Tensor]:
-    """The ``2K`` best one-token extensions of each sentence's beam, best first.
+def _expand(
+    scores: Tensor, logits: Tensor, alive: int, width: int, beam: int, never: Tuple[int, ...]
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The ``2K`` best one-token extensions of each sentence's ``width`` hypotheses, best first.
 
-    ``scores`` ``(A * K,)`` and ``logits`` ``(A * K, V)`` -> their scores ``(A, 2K)``, the row of the
-    hypothesis each extends ``(A, 2K)`` (into the ``A * K`` batch) and the new tokens ``(A, 2K)``.
+    ``scores`` ``(A * width,)`` and ``logits`` ``(A * width, V)`` -> their scores ``(A, 2K)``, the
+    row of the hypothesis each extends ``(A, 2K)`` (into the ``A * width`` batch) and the new tokens
+    ``(A, 2K)``. Where there are fewer than ``2K`` extensions (a tiny vocabulary) the rest are
+    impossible ones, scored ``-inf``.
     """
     per_row = min(2 * beam, logits.size(1))
-    log_probs, tokens = top_log_probs(logits, per_row, never)  # (A * K, 2K) each
-    candidates = (scores.unsqueeze(1) + log_probs).view(alive, beam * per_row)  # (A, K * 2K)
-    top, index = candidates.topk(min(2 * beam, beam * per_row), dim=1)  # (A, 2K)
-    offsets = torch.arange(alive, device=scores.device).unsqueeze(1) * beam  # (A, 1)
-    rows = torch.div(index, per_row, rounding_mode="floor") + offsets  # (A, 2K)
-    return top, rows, tokens.view(alive, beam * per_row).gather(1, index)
+    log_probs, tokens = top_log_probs(logits, per_row, never)  # (A * width, per_row) each
+    candidates = (scores.unsqueeze(1) + log_probs).view(alive, width * per_row)  # (A, width * per_row)
+    tokens = tokens.view(alive, width * per_row)
+    missing = 2 * beam - width * per_row
+    if missing > 0:
+        candidates = torch.cat([candidates, candidates.new_full((alive, missing), float("-inf"))], dim=1)
+        tokens = torch.cat([tokens, tokens.new_zeros(alive, missing)], dim=1)
+    top, index = candidates.topk(2 * beam, dim=1)  # (A, 2K)
+    offsets = torch.arange(alive, device=scores.device).unsqueeze(1) * width  # (A, 1)
+    rows = torch.div(index, per_row, rounding_mode="floor").clamp(max=width - 1) + offsets  # (A, 2K)
+    return top, rows, tokens.gather(1, index)
 
 
 def _finish(
@@ -208,23 +217,23 @@ def beam_search(
         raise ValueError(f"length penalty alpha={alpha} must be >= 0")
     batch, beam, device = src.size(0), beam_size, src.device
     limits = output_limits(src_mask, max_len_ratio, max_len_extra, max_len, getattr(model, "max_positions", None))
-    state = model.start_state(model.encode(src, src_mask))
-    state = map_state(state, lambda x: x.repeat_interleave(beam, dim=0))  # (B * K, ...)
-    scores = torch.full((batch, beam), float("-inf"), device=device)  # (B, K) one live start per sentence
-    scores[:, 0] = 0.0
-    scores = scores.view(-1)  # (A * K,)
-    tokens = torch.full((batch * beam,), bos_id, dtype=torch.long, device=device)  # (A * K,)
-    history = tokens.new_zeros(batch * beam, 0)  # (A * K, t)
-    alignments: Optional[Tensor] = None  # (A * K, t, S)
+    state = model.start_state(model.encode(src, src_mask))  # (B, ...): the first step has one hypothesis
+    width = 1  # hypotheses per sentence in the batch: 1 at the first step, K after it
+    scores = torch.zeros(batch, device=device)  # (A * width,)
+    tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)  # (A * width,)
+    history = tokens.new_zeros(batch, 0)  # (A * width, t)
+    alignments: Optional[Tensor] = None  # (A * width, t, S)
     sentences = list(range(batch))  # (A,) sentence of each live beam
     finished = [_Finished() for _ in range(batch)]
     for t in range(1, max(limits) + 1):
         logits, state, weights = model.decode_step(tokens, state, need_weights)  # (A * K, V)
-        top, rows, new_tokens = _expand(scores, logits, len(sentences), beam, (bos_id, pad_id))
+        top, rows, new_tokens = _expand(scores, logits, len(sentences), width, beam, (bos_id, pad_id))
         is_eos = new_tokens == eos_id  # (A, 2K)
         _finish(top, rows, is_eos, beam, t, alpha, history, alignments, weights, sentences, finished)
         scores, rows, tokens = _prune(top, rows, new_tokens, is_eos, beam)  # (A * K,) each
-        state = map_state(state, lambda x: x.index_select(0, rows), skip=SOURCE_KEYS)  # within sentences
+        # Within sentences (K -> K): rows that depend on the source only stay; 1 -> K: all are copied.
+        state = map_state(state, lambda x: x.index_select(0, rows), skip=SOURCE_KEYS if width == beam else frozenset())
+        width = beam
         history = torch.cat([history.index_select(0, rows), tokens.unsqueeze(1)], dim=1)  # (A * K, t)
         if weights is not None:
             alignments = _append(None if alignments is None else alignments.index_select(0, rows), weights.index_select(0, rows))

@@ -62,8 +62,8 @@ def timed_run(command: List[str]) -> float:
 def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
     import sacrebleu
 
-    from training.checkpoint import load_checkpoint
-    from data.tokenizer import Tokenizer
+    from models.build import count_parameters
+    from training.checkpoint import load_model
 
     if not args.data:
         raise SystemExit("error: give --data DIR (a Multi30k folder) or set MULTI30K_DIR")
@@ -71,9 +71,8 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         for spec in args.checkpoint:
             name, _, path = spec.partition("=")
-            payload = load_checkpoint(Path(path))
+            model, tokenizer, payload = load_model(Path(path))
             data = payload["config"]["data"]
-            tokenizer = Tokenizer.from_state_dict(payload["tokenizer"])
             sources = read_split(Path(args.data), args.split, data["src"])
             references = read_split(Path(args.data), args.split, data["tgt"])
             src_file, empty = Path(scratch) / "src.txt", Path(scratch) / "empty.txt"
@@ -92,7 +91,7 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
                 hyps = out_file.read_text(encoding="utf-8").splitlines()
                 tokens = sum(len(ids) + 1 for ids in tokenizer.encode_tgt(hyps))  # subword tokens, EOS included
                 rows.append({
-                    "model": name, "params": sum(v.numel() for v in payload["model"].values()), "beam": beam,
+                    "model": name, "params": count_parameters(model), "beam": beam,
                     "sentences": len(sources), "startup_s": round(startup, 2), "decode_s": round(decode, 2),
                     "total_s": round(total, 2), "sentences_per_s": round(len(sources) / decode, 1),
                     "tokens_per_s": round(tokens / decode, 1),
