@@ -6,6 +6,7 @@
 #   make train                         build/refresh .venv, then train the default experiment
 #   make train ARGS='model=rnn data.root=DIR'   ... with Hydra overrides
 #   make bench-attention               the attention benchmark (scripts/bench_attention.py)
+#   make bench-translate CHECKPOINTS='rnn=PATH transformer=PATH' DATA=DIR   translate.py speed
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -15,7 +16,7 @@ ARGS ?=
 PYTHON_EXPLICIT := $(if $(filter command line environment,$(origin PYTHON)),1,0)
 VPY := $(VENV)/bin/python
 
-.PHONY: venv train test bench-attention clean-venv
+.PHONY: venv train test bench-attention bench-translate clean-venv
 
 venv:
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" PYTHON_EXPLICIT=$(PYTHON_EXPLICIT) bash scripts/make_venv.sh
@@ -28,6 +29,11 @@ test: venv
 
 bench-attention: venv
 	$(VPY) scripts/bench_attention.py
+
+CHECKPOINTS ?=
+DATA ?= $(MULTI30K_DIR)
+bench-translate: venv
+	$(VPY) scripts/benchmark.py translate $(addprefix --checkpoint ,$(CHECKPOINTS)) --data "$(DATA)"
 
 clean-venv:
 	rm -rf $(VENV)

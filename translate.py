@@ -117,15 +117,14 @@ class Translator:
         self.beam, self.nbest = args.beam, args.nbest or 1
         self.batch_size, self.ratio, self.extra = args.batch_size, args.max_len_ratio, args.max_len_extra
         self.need_weights = bool(args.alignments or args.plot)
-        limit = self.model.max_positions
-        self.max_src = None if limit is None else limit  # source ids, EOS included
+        self.max_src = self.model.max_positions  # source ids, EOS included (None: no limit)
 
-    def encode(self, lines: Sequence[str], first_line: int = 1) -> List[List[int]]:
-        """Source ids with EOS; too long for the model: truncated, with a warning naming the line."""
+    def encode(self, lines: Sequence[str], numbers: Sequence[int]) -> List[List[int]]:
+        """Source ids with EOS; too long for the model: truncated, with a warning naming the line number."""
         from data.specials import EOS_ID
 
         encoded = []
-        for number, ids in enumerate(self.tokenizer.encode_src(lines), start=first_line):
+        for number, ids in zip(numbers, self.tokenizer.encode_src(lines)):
             if self.max_src is not None and len(ids) + 1 > self.max_src:
                 print(f"warning: line {number}: {len(ids)} subword tokens, more than the model takes "
                       f"({self.max_src - 1}); translating the first {self.max_src - 1}", file=sys.stderr)
@@ -137,7 +136,7 @@ class Translator:
         """The n-best translations of every line, in the input order (an empty line: one empty translation)."""
         results: List[List[Translation]] = [[Translation("", 0.0, [] if self.need_weights else None)] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
-        ids = self.encode([lines[i] for i in todo], first_line) if todo else []
+        ids = self.encode([lines[i] for i in todo], [first_line + i for i in todo]) if todo else []
         by_length = sorted(range(len(todo)), key=lambda k: len(ids[k]))
         for start in range(0, len(by_length), self.batch_size):
             chunk = by_length[start : start + self.batch_size]
@@ -190,12 +189,12 @@ def piece_words(pieces: Sequence[str], word_of: Sequence[int]) -> List[str]:
 
 def format_lines(index: int, translations: List[Translation], nbest: bool, alignments: bool) -> List[str]:
     """Output lines of one input sentence."""
+    from models.alignment import pharaoh
+
     lines = []
     for t in translations:
         line = f"{index} ||| {t.text} ||| {t.score:.4f}" if nbest else t.text
         if alignments and (nbest or t.text):  # an empty input line stays an empty line
-            from models.alignment import pharaoh
-
             line += "\t" + pharaoh(t.alignment or [])
         lines.append(line)
     return lines

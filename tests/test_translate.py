@@ -139,10 +139,10 @@ def test_too_long_input_is_truncated_with_a_warning(trained_slice_models, pairs)
     _, checkpoint, _ = trained_slice_models["transformer"]  # max_positions 1024
     long_line = " ".join([pairs[0][0]] * 150)  # thousands of subword tokens
     done = translate("--checkpoint", checkpoint, "--beam", 2, "--max-len-ratio", 0, "--max-len-extra", 8,
-                     stdin=f"{pairs[1][0]}\n{long_line}\n")
+                     stdin=f"\n{pairs[1][0]}\n{long_line}\n")
     assert done.returncode == 0, done.stderr
-    assert len(done.stdout.splitlines()) == 2
-    assert re.fullmatch(r"warning: line 2: \d+ subword tokens, more than the model takes \(1023\); translating the first 1023\n", done.stderr)
+    assert len(done.stdout.splitlines()) == 3
+    assert re.fullmatch(r"warning: line 3: \d+ subword tokens, more than the model takes \(1023\); translating the first 1023\n", done.stderr)
 
 
 def bad_checkpoints(folder: Path, good: Path):
