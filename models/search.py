@@ -94,7 +94,8 @@ def greedy_search(
 ) -> List[Hypothesis]:
     """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence."""
     batch, device = src.size(0), src.device
-    limits = torch.tensor(output_limits(src_mask, max_len_ratio, max_len_extra, max_len, getattr(model, "max_positions", None)))  # (B,)
+    cap = getattr(model, "max_positions", None)
+    limits = torch.tensor(output_limits(src_mask, max_len_ratio, max_len_extra, max_len, cap))  # (B,)
     state = model.start_state(model.encode(src, src_mask))
     alive = torch.arange(batch)  # (A,) sentence of each live row
     tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)  # (A,)
