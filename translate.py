@@ -163,7 +163,7 @@ class Translator:
 
     def describe(self, src_ids: List[int], hyp) -> Translation:
         """A hypothesis as text, with its word attention and alignment when asked."""
-        from models.alignment import hard_alignment, word_attention, word_ids
+        from models.alignment import hard_alignment, piece_words, word_attention
 
         text = " ".join(self.tokenizer.decode_tgt([hyp.tokens])[0].splitlines())
         if not self.need_weights:
@@ -173,18 +173,8 @@ class Translator:
         words = word_attention(hyp.alignment, src_pieces, out_pieces)  # (W_out, W_src)
         return Translation(
             text, hyp.score, hard_alignment(words), words,
-            src_words=piece_words(src_pieces, word_ids(src_pieces)), out_words=piece_words(out_pieces, word_ids(out_pieces)),
+            src_words=piece_words(src_pieces), out_words=piece_words(out_pieces),
         )
-
-
-def piece_words(pieces: Sequence[str], word_of: Sequence[int]) -> List[str]:
-    """Words made of subword pieces (for plot labels): ``["▁Ein", "▁Mann", "es"]`` -> ``["Ein", "Manns"]``."""
-    words: List[str] = []
-    for piece, word in zip(pieces, word_of):
-        if word == len(words):
-            words.append("")
-        words[word] += piece.replace("\u2581", "")
-    return words
 
 
 def format_lines(index: int, translations: List[Translation], nbest: bool, alignments: bool) -> List[str]:
@@ -245,7 +235,9 @@ class OutputFile:
         self.stream.flush()
         if self.path is not None and self.tmp is not None:
             self.stream.close()
-            os.chmod(self.tmp, 0o666 & ~_umask())
+            from training.checkpoint import current_umask
+
+            os.chmod(self.tmp, 0o666 & ~current_umask())  # mkstemp makes the file private
             os.replace(self.tmp, self.path)
             self.tmp = None
 
@@ -253,12 +245,6 @@ class OutputFile:
         if self.tmp is not None:
             self.stream.close()
             Path(self.tmp).unlink(missing_ok=True)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def interactive(translator: Translator, out: OutputFile, args: argparse.Namespace) -> None:

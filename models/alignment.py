@@ -23,6 +23,16 @@ def word_ids(pieces: Sequence[str]) -> List[int]:
     return ids
 
 
+def piece_words(pieces: Sequence[str]) -> List[str]:
+    """The words the pieces make (labels for plots): ``["▁Ein", "▁Mann", "es"]`` -> ``["Ein", "Mannes"]``."""
+    words: List[str] = []
+    for piece, word in zip(pieces, word_ids(pieces)):
+        if word == len(words):
+            words.append("")
+        words[word] += piece.replace(WORD_START, "")
+    return words
+
+
 def pool(weights: Tensor, word_of: Sequence[int], dim: int, reduce: str) -> Tensor:
     """Sum (``reduce="sum"``) or average (``"mean"``) the entries of ``weights`` along ``dim`` that belong
     to one word: ``(..., P, ...)`` -> ``(..., W, ...)`` with ``W = max(word_of) + 1``."""

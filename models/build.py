@@ -4,7 +4,7 @@ from typing import Any, Dict, Union
 
 from torch import nn
 
-from models.config import RNNConfig, TransformerConfig
+from models.config import FAMILIES, RNNConfig, TransformerConfig
 from models.rnn import RNNModel
 from models.transformer import Transformer
 
@@ -30,10 +30,9 @@ def config_from_dict(values: Dict[str, Any]) -> ModelConfig:
 
     Raises ``ValueError`` naming an unknown family or keys this version does not know.
     """
-    families = {"rnn": RNNConfig, "transformer": TransformerConfig}
-    family = families.get(values.get("name"))
+    family = FAMILIES.get(values.get("name"))
     if family is None:
-        raise ValueError(f"unknown model family {values.get('name')!r} (expected one of {sorted(families)})")
+        raise ValueError(f"unknown model family {values.get('name')!r} (expected one of {sorted(FAMILIES)})")
     unknown = sorted(set(values) - {f.name for f in fields(family)})
     if unknown:
         raise ValueError(f"model config has keys this version does not know: {', '.join(unknown)}")

@@ -40,3 +40,6 @@ class TransformerConfig:
     max_positions: int = 1024  # longest sequence learned positions cover
     tie_output: bool = True  # output projection shares the target embedding
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary only)
+
+
+FAMILIES = {"rnn": RNNConfig, "transformer": TransformerConfig}  # model.name -> its config class

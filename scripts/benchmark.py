@@ -11,7 +11,6 @@ Each case runs ``--repeats`` times; the table shows the fastest run (the least d
 work on the machine) and BLEU of its output, a check that the outputs are real translations.
 """
 import argparse
-import gzip
 import json
 import os
 import platform
@@ -42,12 +41,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def read_split(folder: Path, split: str, lang: str) -> List[str]:
-    for path in (folder / f"{split}.{lang}.gz", folder / f"{split}.{lang}"):
-        if path.is_file():
-            opener = gzip.open if path.suffix == ".gz" else open
-            with opener(path, "rt", encoding="utf-8") as handle:
-                return [line.rstrip("\n") for line in handle]
-    raise SystemExit(f"error: no {split}.{lang}[.gz] in {folder}")
+    from data.corpus import read_lines, split_files
+
+    path = split_files(folder).get(split, {}).get(lang)
+    if path is None:
+        raise SystemExit(f"error: no {split}.{lang}[.gz] in {folder}")
+    return read_lines(path)
 
 
 def timed_run(command: List[str]) -> float:

@@ -1,7 +1,7 @@
 """Word alignments from subword attention (models/alignment.py)."""
 import torch
 
-from models.alignment import hard_alignment, pharaoh, pool, word_attention, word_ids
+from models.alignment import hard_alignment, pharaoh, piece_words, pool, word_attention, word_ids
 
 
 def test_word_ids_start_a_word_at_each_marker():
@@ -39,3 +39,7 @@ def test_each_output_word_gets_its_most_attended_source_word():
 def test_empty_output_has_no_alignment():
     words = word_attention(torch.ones(1, 3) / 3, ["▁a", "▁b"], [])
     assert words.shape == (0, 2) and hard_alignment(words) == [] and pharaoh([]) == ""
+
+
+def test_piece_words_join_the_pieces_of_each_word():
+    assert piece_words(["▁Ein", "▁Mann", "es", "▁", "(", "x", ")"]) == ["Ein", "Mannes", "(x)"]

@@ -11,7 +11,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from data.config import DataConfig, check_keys
-from models.config import RNNConfig, TransformerConfig
+from models.config import FAMILIES, RNNConfig, TransformerConfig
 
 
 @dataclass
@@ -74,8 +74,7 @@ def model_config(node: DictConfig):
         check_keys(node, type(obj), "model")
     if isinstance(obj, (RNNConfig, TransformerConfig)):
         return obj
-    families = {"rnn": RNNConfig, "transformer": TransformerConfig}
     name = obj.get("name") if isinstance(obj, dict) else None
-    if name not in families:
-        raise ValueError(f"model.name must be one of {sorted(families)}, got {name!r}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(families[name]), node))
+    if name not in FAMILIES:
+        raise ValueError(f"model.name must be one of {sorted(FAMILIES)}, got {name!r}")
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FAMILIES[name]), node))
