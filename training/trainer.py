@@ -273,7 +273,8 @@ class Trainer:
         found = decode_ids(self.model, valid, batch_tokens, self.device, 1, autocast=self.autocast)
         hyps = detokenize(self.data.tokenizer, found)
         scores.update(corpus_scores(hyps, self.data.references[VALID]))
-        self.board.scalars({f"valid/{k}": v for k, v in scores.items()}, p.step)
+        seconds = time.perf_counter() - start  # training time so far, evaluations included (the x axis of comparisons)
+        self.board.scalars({f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": seconds}, p.step)
         self.draw_samples(found, hyps)
         improved = scores["bleu"] > p.best_bleu
         if improved:
@@ -342,6 +343,8 @@ class Trainer:
             hyps = translate_split(self.model, self.data.datasets[split], self.data.tokenizer, batch_tokens, self.device,
                                    self.tc.beam_size, self.tc.length_penalty, self.autocast)
             (self.out_dir / f"{split}.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            refs = self.data.references[split]  # beside the hypotheses, for significance tests (scripts/compare.py)
+            (self.out_dir / f"{split}.ref").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
             results[split] = corpus_scores(hyps, self.data.references[split])
             log.info("test %s (beam %d): BLEU %.2f chrF %.2f (%.0f s)", split, self.tc.beam_size,
                      results[split]["bleu"], results[split]["chrf"], time.perf_counter() - tick)
