@@ -7,6 +7,8 @@
 #   make train ARGS='model=rnn data.root=DIR'   ... with Hydra overrides
 #   make bench-attention               the attention benchmark (scripts/bench_attention.py)
 #   make bench-translate CHECKPOINTS='rnn=PATH transformer=PATH' DATA=DIR   translate.py speed
+#   make bench-train DATA=DIR [CHECKPOINTS=...]   training throughput and memory (+ decoding speed)
+#   make compare RUNS=multirun/compare_multi30k/DATE    the comparison report (scripts/compare.py)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,7 +18,7 @@ ARGS ?=
 PYTHON_EXPLICIT := $(if $(filter command line environment,$(origin PYTHON)),1,0)
 VPY := $(VENV)/bin/python
 
-.PHONY: venv train test bench-attention bench-translate clean-venv
+.PHONY: venv train test bench-attention bench-translate bench-train compare clean-venv
 
 venv:
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" PYTHON_EXPLICIT=$(PYTHON_EXPLICIT) bash scripts/make_venv.sh
@@ -34,6 +36,13 @@ CHECKPOINTS ?=
 DATA ?= $(MULTI30K_DIR)
 bench-translate: venv
 	$(VPY) scripts/benchmark.py translate $(addprefix --checkpoint ,$(CHECKPOINTS)) --data "$(DATA)"
+
+bench-train: venv
+	$(VPY) scripts/benchmark.py train $(addprefix --checkpoint ,$(CHECKPOINTS)) --data "$(DATA)"
+
+RUNS ?=
+compare: venv
+	$(VPY) scripts/compare.py $(RUNS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -21,9 +21,7 @@ on standard error and exits with 1 (2 for a bad command line). Heavy libraries a
 after the command line has been checked, so mistakes are reported at once.
 """
 import argparse
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, List, Optional, Sequence, Tuple
@@ -214,18 +212,19 @@ class OutputFile:
     so a failed run leaves an earlier FILE as it was; standard output otherwise."""
 
     def __init__(self, path: Optional[str]):
-        self.path = Path(path) if path else None
-        self.tmp: Optional[str] = None
-        if self.path is None:
+        self.file = None
+        if not path:
             self.stream = sys.stdout
             return
-        if self.path.is_dir():
+        if Path(path).is_dir():
             raise UsageError(f"--output {path} is a folder, not a file")
+        from training.files import AtomicFile
+
         try:
-            handle, self.tmp = tempfile.mkstemp(dir=self.path.parent if str(self.path.parent) else ".", prefix=f".{self.path.name}.", suffix=".tmp")
+            self.file = AtomicFile(Path(path))
         except OSError as error:
             raise UsageError(f"cannot write --output {path}: {error.strerror}") from None
-        self.stream = os.fdopen(handle, "w", encoding="utf-8")
+        self.stream = self.file.stream
 
     def write_lines(self, lines: Iterable[str]) -> None:
         for line in lines:
@@ -233,18 +232,12 @@ class OutputFile:
 
     def commit(self) -> None:
         self.stream.flush()
-        if self.path is not None and self.tmp is not None:
-            self.stream.close()
-            from training.checkpoint import current_umask
-
-            os.chmod(self.tmp, 0o666 & ~current_umask())  # mkstemp makes the file private
-            os.replace(self.tmp, self.path)
-            self.tmp = None
+        if self.file is not None:
+            self.file.commit()
 
     def discard(self) -> None:
-        if self.tmp is not None:
-            self.stream.close()
-            Path(self.tmp).unlink(missing_ok=True)
+        if self.file is not None:
+            self.file.discard()
 
 
 def interactive(translator: Translator, out: OutputFile, args: argparse.Namespace) -> None:

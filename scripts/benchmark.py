@@ -1,5 +1,15 @@
 """Speed benchmarks of the toolkit; JSON and Markdown out.
 
+``train``: for each model family at its default size (``conf/model``, ``conf/trainer``), training
+throughput on Multi30k: real (non-padding) target tokens per second over ``--steps`` optimizer
+steps after ``--warmup`` steps, seconds per step, the real target tokens in a batch, peak memory
+(CPU: the process's peak resident set; CUDA: peak allocated tensors) and the time of one
+training epoch at that rate (evaluation excluded). Each family runs in a process of its own, so
+that its peak memory is its own. With ``--checkpoint NAME=PATH`` it also times decoding as
+``translate`` does::
+
+    python scripts/benchmark.py train --data ../multi30k --checkpoint rnn=RUN/checkpoints/best.pt ...
+
 ``translate``: sentences/s and output tokens/s of ``translate.py`` (run as users run it, one
 process per case) on a test split, per checkpoint and beam size. Start-up (imports and loading
 the checkpoint) is timed separately, as a run on an empty input, and left out of the rates::
@@ -7,8 +17,9 @@ the checkpoint) is timed separately, as a run on an empty input, and left out of
     python scripts/benchmark.py translate --checkpoint rnn=outputs/rnn/checkpoints/best.pt \\
         --checkpoint transformer=outputs/tf/checkpoints/best.pt --data ../multi30k --beams 1 5
 
-Each case runs ``--repeats`` times; the table shows the fastest run (the least disturbed by other
-work on the machine) and BLEU of its output, a check that the outputs are real translations.
+Each decoding case runs ``--repeats`` times; the table shows the fastest run (the least disturbed
+by other work on the machine) and BLEU of its output, a check that the outputs are real
+translations.
 """
 import argparse
 import json
@@ -28,16 +39,37 @@ sys.path.insert(0, str(ROOT))
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    tr = commands.add_parser("translate", help="decoding speed of translate.py")
+    decoding = argparse.ArgumentParser(add_help=False)
+    decoding.add_argument("--data", default=os.environ.get("MULTI30K_DIR"), help="folder with {split}.{lang}[.gz] (default: $MULTI30K_DIR)")
+    decoding.add_argument("--split", default="test_2016_flickr")
+    decoding.add_argument("--beams", type=int, nargs="+", default=[1, 5])
+    decoding.add_argument("--batch-size", type=int, default=64)
+    decoding.add_argument("--device", default="cpu")
+    decoding.add_argument("--repeats", type=int, default=1)
+    tr = commands.add_parser("translate", parents=[decoding], help="decoding speed of translate.py")
     tr.add_argument("--checkpoint", action="append", required=True, metavar="NAME=PATH", help="a checkpoint to time (repeatable)")
-    tr.add_argument("--data", default=os.environ.get("MULTI30K_DIR"), help="folder with {split}.{lang}[.gz] (default: $MULTI30K_DIR)")
-    tr.add_argument("--split", default="test_2016_flickr")
-    tr.add_argument("--beams", type=int, nargs="+", default=[1, 5])
-    tr.add_argument("--batch-size", type=int, default=64)
-    tr.add_argument("--device", default="cpu")
-    tr.add_argument("--repeats", type=int, default=1)
     tr.add_argument("--out", default="benchmark_translate", help="writes OUT.json and OUT.md")
-    return parser.parse_args(argv)
+    tn = commands.add_parser("train", parents=[decoding], help="training throughput, peak memory, epoch time (+ decoding)")
+    tn.add_argument("--models", nargs="+", default=["rnn", "transformer"], help="model configs (conf/model)")
+    tn.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
+    tn.add_argument("--steps", type=int, default=100, help="steps timed")
+    tn.add_argument("--batch-tokens", type=int, help="trainer.batch_tokens for every model (default: each one's own)")
+    tn.add_argument("--checkpoint", action="append", default=[], metavar="NAME=PATH", help="also time decoding (repeatable)")
+    tn.add_argument("--out", default="benchmark_train", help="writes OUT.json and OUT.md")
+    tn.add_argument("overrides", nargs="*", help="more Hydra overrides for every model (e.g. trainer.num_threads=1)")
+    one = commands.add_parser("train-one", help="internal: one model of `train`, in a process of its own")
+    one.add_argument("--model", required=True)
+    one.add_argument("--data", required=True)
+    one.add_argument("--warmup", type=int, required=True)
+    one.add_argument("--steps", type=int, required=True)
+    one.add_argument("--device", default="cpu")
+    one.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    if args.command in ("train", "translate") and not args.data:
+        parser.error("give --data DIR (a Multi30k folder) or set MULTI30K_DIR")
+    if args.command in ("train", "train-one") and min(args.warmup, args.steps) < 1:
+        parser.error("--warmup and --steps must be at least 1")
+    return args
 
 
 def read_split(folder: Path, split: str, lang: str) -> List[str]:
@@ -64,8 +96,6 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
     from models.build import count_parameters
     from training.checkpoint import load_model
 
-    if not args.data:
-        raise SystemExit("error: give --data DIR (a Multi30k folder) or set MULTI30K_DIR")
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for spec in args.checkpoint:
@@ -109,6 +139,89 @@ def machine() -> str:
     return f"{os.cpu_count()} CPU cores ({cpu}){gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
+def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train one model for ``warmup + steps`` steps (no evaluation) and time the last ``steps``."""
+    import resource
+
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from data.corpus import TRAIN
+    from training.board import Board
+    from training.config import register_configs
+    from training.trainer import Trainer
+
+    register_configs()
+    overrides = [f"model={args.model}", f"data.root={args.data}", f"device={args.device}", "trainer.eval_every=1000000000",
+                 "trainer.log_every=1000000000", "trainer.max_epochs=null", f"trainer.max_steps={args.warmup}", *args.overrides]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(cfg, Path(scratch))
+        trainer.board = Board(Path(scratch) / "tb")
+        p, start = trainer.progress, time.perf_counter()
+        while trainer.train_epoch(start) is None:  # warm-up: allocator, caches, first batches
+            pass
+        seconds, tokens = p.step_seconds, p.tgt_tokens
+        trainer.tc.max_steps = args.warmup + args.steps
+        while trainer.train_epoch(start) is None:
+            pass
+        trainer.board.close()
+        seconds, tokens = p.step_seconds - seconds, p.tgt_tokens - tokens
+        epoch_tokens = sum(trainer.data.datasets[TRAIN].tgt_lengths())  # target tokens + EOS of one epoch
+        if trainer.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(trainer.device)
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        return {
+            "model": args.model, "params": trainer.params, "device": str(trainer.device), "threads": torch.get_num_threads(),
+            "batch_tokens": trainer.tc.batch_tokens, "warmup_steps": args.warmup, "steps": args.steps,
+            "tgt_tokens_per_batch": round(tokens / args.steps, 1), "seconds_per_step": round(seconds / args.steps, 4),
+            "tgt_tokens_per_s": round(tokens / seconds, 1), "peak_memory_mib": round(peak / 2**20, 1),
+            "memory_kind": "peak CUDA allocated" if trainer.device.type == "cuda" else "peak resident set (process)",
+            "epoch_tgt_tokens": epoch_tokens, "epoch_minutes": round(epoch_tokens / (tokens / seconds) / 60, 2),
+        }
+
+
+def bench_train(args: argparse.Namespace) -> Dict[str, Any]:
+    rows = []
+    for model in args.models:
+        extra = list(args.overrides) + ([f"trainer.batch_tokens={args.batch_tokens}"] if args.batch_tokens else [])
+        command = [sys.executable, str(Path(__file__).resolve()), "train-one", "--model", model, "--data", str(Path(args.data).resolve()),
+                   "--warmup", str(args.warmup), "--steps", str(args.steps), "--device", args.device, "--", *extra]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+            raise SystemExit(f"error: training {model} failed: {last}")
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    result = {"benchmark": "train", "machine": machine(), "date": time.strftime("%Y-%m-%d"), "device": args.device,
+              "overrides": args.overrides, "rows": rows}
+    if args.checkpoint:
+        result["translate"] = bench_translate(args)
+    return result
+
+
+def train_table(result: Dict[str, Any]) -> str:
+    lines = [
+        f"Training on Multi30k train, device {result['device']}; {result['machine']}; {result['date']}"
+        + (f"; overrides: {' '.join(result['overrides'])}" if result["overrides"] else ""),
+        "",
+        "| model | params | batch_tokens | tgt tokens/batch | steps timed | s/step | tgt tok/s | peak memory MiB | epoch (min) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in result["rows"]:
+        lines.append(f"| {r['model']} | {r['params']:,} | {r['batch_tokens']} | {r['tgt_tokens_per_batch']:,.0f} | "
+                     f"{r['steps']} (after {r['warmup_steps']}) | {r['seconds_per_step']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
+                     f"{r['peak_memory_mib']:,.0f} | {r['epoch_minutes']:.1f} |")
+    kinds = sorted({r["memory_kind"] for r in result["rows"]})
+    lines.append(f"\nPeak memory: {', '.join(kinds)}. Epoch: the target tokens of one training epoch at the measured "
+                 "rate (steps only, no evaluation).")
+    if "translate" in result:
+        lines += ["", translate_table(result["translate"])]
+    return "\n".join(lines) + "\n"
+
+
 def translate_table(result: Dict[str, Any]) -> str:
     lines = [
         f"translate.py on {result['split']}, batch {result['batch_size']}, device {result['device']}; "
@@ -132,8 +245,11 @@ def translate_table(result: Dict[str, Any]) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    result = bench_translate(args)
-    markdown = translate_table(result)
+    if args.command == "train-one":
+        print(json.dumps(measure_training(args)))
+        return
+    result, table = (bench_train(args), train_table) if args.command == "train" else (bench_translate(args), translate_table)
+    markdown = table(result)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
     Path(f"{args.out}.md").write_text(markdown)
     print(markdown)

@@ -142,3 +142,22 @@ def test_tensorboard_server_serves_the_attention_images(transformer_run):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_tb_images_exports_the_png_tensorboard_shows(transformer_run, tmp_path):
+    out, _ = transformer_run
+    script = [sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "tb_images.py"), str(out / "tb")]
+    listing = subprocess.run(script + ["--list"], capture_output=True, text=True, timeout=120)
+    assert listing.returncode == 0 and "attention/sent0/cross_layer1_mean 2 4" in listing.stdout
+    tag = "attention/sent0/cross_layer1_mean"
+    events = EventAccumulator(str(out / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    for step, extra in ((4, []), (2, ["--step", "2"])):
+        png = tmp_path / f"{step}.png"
+        done = subprocess.run(script + ["--tag", tag, "--out", str(png), *extra], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        expected = next(image for image in events.Images(tag) if image.step == step).encoded_image_string
+        assert png.read_bytes() == expected and expected[:8] == b"\x89PNG\r\n\x1a\n"
+    missing = subprocess.run(script + ["--tag", "attention/nope", "--out", str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and missing.stderr.startswith("error: no image tag 'attention/nope'")
+    assert not (tmp_path / "x.png").exists()

@@ -4,11 +4,9 @@ A checkpoint loads with ``torch.load(path, weights_only=True)`` and holds everyt
 ``translate.py`` needs (``model``, ``model_config``, ``tokenizer``) plus the training state for
 resuming (optimizer, step, epoch, RNG states, the resolved config).
 """
-import os
 import pickle
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -19,6 +17,7 @@ from data.specials import PAD_ID
 from data.tokenizer import Tokenizer
 from models.build import build_model, config_from_dict
 from models.seq2seq import map_state
+from training.files import AtomicFile
 
 FORMAT = 1
 
@@ -28,26 +27,11 @@ class CheckpointError(Exception):
 
 
 def save_checkpoint(payload: Dict[str, Any], path: Path) -> None:
-    """Write ``payload`` to ``path`` through a temporary file and a rename, so that a crash or a
-    full disk never leaves a half-written checkpoint in place of a good one."""
+    """Write ``payload`` to ``path`` through a temporary file, fsync and a rename, so that a crash or
+    a full disk never leaves a half-written checkpoint in place of a good one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            torch.save(dict(payload, format=FORMAT), out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes the file private; give it normal permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    with AtomicFile(path, "wb") as out:
+        torch.save(dict(payload, format=FORMAT), out)
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:

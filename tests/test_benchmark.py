@@ -1,0 +1,30 @@
+"""scripts/benchmark.py runs end to end on a small slice (a check that it works, not a timing)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_train_benchmark_measures_throughput_memory_and_decoding(multi30k_slice, trained_slice_models, tmp_path):
+    _, checkpoint, _ = trained_slice_models["rnn"]
+    out = tmp_path / "bench"
+    done = subprocess.run([
+        sys.executable, str(ROOT / "scripts" / "benchmark.py"), "train", "--data", str(multi30k_slice), "--models", "rnn",
+        "--warmup", "1", "--steps", "2", "--batch-tokens", "1000", "--checkpoint", f"rnn={checkpoint}", "--beams", "1",
+        "--out", str(out), "--", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=500",
+        "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32",
+    ], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.with_suffix(".json").read_text())
+    (row,) = result["rows"]
+    assert row["model"] == "rnn" and row["batch_tokens"] == 1000 and row["steps"] == 2 and row["params"] > 0
+    assert 0 < row["tgt_tokens_per_batch"] <= 1000 and row["peak_memory_mib"] > 50
+    rate = row["tgt_tokens_per_batch"] / row["seconds_per_step"]
+    assert abs(rate - row["tgt_tokens_per_s"]) / rate < 0.01
+    assert abs(row["epoch_minutes"] - row["epoch_tgt_tokens"] / row["tgt_tokens_per_s"] / 60) < 0.01
+    (decoding,) = result["translate"]["rows"]
+    assert decoding["beam"] == 1 and decoding["sentences"] == 30 and decoding["sentences_per_s"] > 0
+    markdown = out.with_suffix(".md").read_text()
+    assert "| rnn | " in markdown and "sentences/s" in markdown
