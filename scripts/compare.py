@@ -310,8 +310,8 @@ def report(runs: Sequence[Run], samples: int) -> Tuple[str, Dict[str, Any]]:
     groups = groups_of(runs)
     lines += ["", "## Seeds", ""]
     if all(len(g) == 1 for g in groups):
-        lines.append("One seed per configuration. On Multi30k, runs that differ only by their seed often differ by "
-                     "about a point of BLEU: sweep `seed=1,2,3` to see the spread.")
+        lines.append("One seed per configuration. On Multi30k a difference of a point of BLEU or less between "
+                     "single runs can be seed noise: sweep `seed=1,2,3` to measure the spread.")
     else:
         lines.append("Runs whose configs differ only by `seed`: mean ± standard deviation over the seeds.")
         lines += [""] + seeds_table(groups, splits)

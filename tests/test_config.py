@@ -127,3 +127,14 @@ def test_model_config_of_a_plain_node_checks_the_name():
     assert model_config(OmegaConf.create({"name": "rnn", "hidden_size": 8})) == RNNConfig(hidden_size=8)
     with pytest.raises(ValueError, match="model.name"):
         model_config(OmegaConf.create({"name": "lstm"}))
+
+
+@pytest.mark.parametrize("experiment,src,tgt", [("compare_multi30k", "de", "en"), ("compare_multi30k_en_de", "en", "de")])
+def test_comparison_experiments_sweep_both_families_on_one_direction(experiment, src, tgt):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"+experiment={experiment}"], return_hydra_config=True)
+    assert (cfg.data.name, cfg.data.src, cfg.data.tgt, cfg.seed) == ("multi30k", src, tgt, 1)
+    assert cfg.hydra.sweeper.params == {"model": "rnn,transformer"}
+    assert cfg.hydra.sweep.dir.startswith(f"multirun/{experiment}/")
+    assert experiment in options("experiment")
