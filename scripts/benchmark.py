@@ -119,11 +119,12 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
                 decode, startup, total = min(runs)
                 hyps = out_file.read_text(encoding="utf-8").splitlines()
                 tokens = sum(len(ids) + 1 for ids in tokenizer.encode_tgt(hyps))  # subword tokens, EOS included
+                timed = decode > 0  # a small input can decode faster than start-up varies: no rate then
                 rows.append({
                     "model": name, "params": count_parameters(model), "beam": beam,
                     "sentences": len(sources), "startup_s": round(startup, 2), "decode_s": round(decode, 2),
-                    "total_s": round(total, 2), "sentences_per_s": round(len(sources) / decode, 1),
-                    "tokens_per_s": round(tokens / decode, 1),
+                    "total_s": round(total, 2), "sentences_per_s": round(len(sources) / decode, 1) if timed else None,
+                    "tokens_per_s": round(tokens / decode, 1) if timed else None,
                     "bleu": round(sacrebleu.corpus_bleu(hyps, [references]).score, 2),
                 })
                 print(json.dumps(rows[-1]), flush=True)
@@ -231,8 +232,9 @@ def translate_table(result: Dict[str, Any]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['model']} | {r['beam']} | {r['startup_s']:.2f} | {r['decode_s']:.2f} | "
-                     f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['bleu']:.2f} |")
+        rates = (f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f}" if r["sentences_per_s"] is not None
+                 else "(below start-up noise) | -")
+        lines.append(f"| {r['model']} | {r['beam']} | {r['startup_s']:.2f} | {r['decode_s']:.2f} | {rates} | {r['bleu']:.2f} |")
     by_model: Dict[str, Dict[int, float]] = {}
     for r in result["rows"]:
         by_model.setdefault(r["model"], {})[r["beam"]] = r["decode_s"]

@@ -25,6 +25,8 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(multi30k_slice,
     assert abs(rate - row["tgt_tokens_per_s"]) / rate < 0.01
     assert abs(row["epoch_minutes"] - row["epoch_tgt_tokens"] / row["tgt_tokens_per_s"] / 60) < 0.01
     (decoding,) = result["translate"]["rows"]
-    assert decoding["beam"] == 1 and decoding["sentences"] == 30 and decoding["sentences_per_s"] > 0
+    assert decoding["beam"] == 1 and decoding["sentences"] == 30 and decoding["startup_s"] > 0
+    # 30 sentences of a tiny model can decode within start-up noise; a rate, when given, is positive
+    assert decoding["sentences_per_s"] is None or decoding["sentences_per_s"] > 0
     markdown = out.with_suffix(".md").read_text()
     assert "| rnn | " in markdown and "sentences/s" in markdown
