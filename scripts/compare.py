@@ -29,7 +29,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from training.files import AtomicFile  # noqa: E402  (no torch: this script stays quick to start)
+from data.corpus import read_lines  # noqa: E402  (neither imports torch: this script stays quick to start)
+from data.errors import DataError  # noqa: E402
+from training.files import AtomicFile  # noqa: E402
 
 RESULTS = "results.json"
 REQUIRED = ("model", "params", "steps", "epochs", "train_seconds", "train_tokens_per_second", "valid", "test")
@@ -65,10 +67,19 @@ class Run:
     def group_key(self) -> str:
         if self.config is None:
             return str(self.path)  # nothing to compare with: a group of its own
-        config = {k: v for k, v in self.config.items() if k not in ("seed", "device")}
-        config["trainer"] = {k: v for k, v in config.get("trainer", {}).items() if k != "resume"}
-        config["data"] = {k: v for k, v in config.get("data", {}).items() if k not in ("root", "cache_dir")}
-        return json.dumps(config, sort_keys=True, default=str)
+        settings = {k: v for k, v in _flat(self.config).items() if not k.startswith(NOT_A_SETTING)}
+        return json.dumps(settings, sort_keys=True, default=str)
+
+
+def _flat(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """``{"trainer": {"lr": 1e-3}}`` as ``{"trainer.lr": 1e-3}``."""
+    flat: Dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _override_key(override: str) -> str:
@@ -155,10 +166,6 @@ def test_splits(runs: Sequence[Run]) -> List[str]:
     for run in runs:
         splits += [s for s in run.results["test"] if s not in splits]
     return splits
-
-
-def read_lines(path: Path) -> List[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]  # one line each, newline-terminated
 
 
 def paired_bootstrap(runs: Sequence[Run], split: str, samples: int) -> Tuple[Optional[Dict[str, List[Any]]], str]:
@@ -284,8 +291,8 @@ def seeds_table(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]
     return lines
 
 
-def report(runs: Sequence[Run], samples: int) -> Tuple[str, Dict[str, Any]]:
-    """The Markdown report and its numbers (p-values by split, groups)."""
+def report(runs: Sequence[Run], samples: int) -> str:
+    """The Markdown report."""
     splits = test_splits(runs)
     lines = ["## Runs", ""] + runs_table(runs, splits) + [""]
     lines.append("Valid BLEU: greedy search, best evaluation. Test scores: beam search with the best checkpoint.")
@@ -295,7 +302,6 @@ def report(runs: Sequence[Run], samples: int) -> Tuple[str, Dict[str, Any]]:
         lines.append(f"sacrebleu signatures: BLEU `{sig.get('bleu')}`, chrF `{sig.get('chrf')}`")
     if len(sacre) > 1:
         lines.append("**The runs were scored with different sacrebleu settings: their scores are not comparable.**")
-    found: Dict[str, Any] = {"splits": splits, "p_values": {}, "groups": []}
     for split in splits:
         lines += ["", f"## Significance on {split}", ""]
         scores, detail = paired_bootstrap(runs, split, samples)
@@ -306,7 +312,6 @@ def report(runs: Sequence[Run], samples: int) -> Tuple[str, Dict[str, Any]]:
                      f"`{runs[0].name}`: p is the probability of a difference at least this large if the two "
                      "systems were equally good. Mean and 95% confidence interval over the resamples.")
         lines += [""] + significance_table(runs, split, scores) + ["", f"sacrebleu: {detail}"]
-        found["p_values"][split] = {m: [s.p_value for s in scores[m][1:]] for m in scores}
     groups = groups_of(runs)
     lines += ["", "## Seeds", ""]
     if all(len(g) == 1 for g in groups):
@@ -315,8 +320,7 @@ def report(runs: Sequence[Run], samples: int) -> Tuple[str, Dict[str, Any]]:
     else:
         lines.append("Runs whose configs differ only by `seed`: mean ± standard deviation over the seeds.")
         lines += [""] + seeds_table(groups, splits)
-    found["groups"] = [{"label": label, "runs": [r.name for r in g]} for g, label in zip(groups, group_labels(groups))]
-    return "\n".join(lines) + "\n", found
+    return "\n".join(lines) + "\n"
 
 
 # ----- the figure -----
@@ -399,7 +403,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         runs = collect_runs(args.paths)
-        markdown, _ = report(runs, args.bootstrap)
+        markdown = report(runs, args.bootstrap)
         out = out_folder(args)
         if not out.is_dir():
             raise CompareError(f"--out {out}: no such folder")
@@ -411,7 +415,7 @@ def main(argv=None) -> int:
             written.append(out / "comparison.png")
             if missing:
                 print(f"warning: no validation curve in the TensorBoard events of {', '.join(missing)}", file=sys.stderr)
-    except CompareError as error:
+    except (CompareError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except OSError as error:
