@@ -15,7 +15,8 @@ from omegaconf import DictConfig
 from data.errors import DataError
 from training.checkpoint import CheckpointError
 from training.config import register_configs
-from training.trainer import train
+from training.signals import INTERRUPTED, Interrupted
+from training.trainer import TrainingError, train
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 register_configs()
@@ -27,7 +28,11 @@ def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     try:
         results = train(cfg, Path(hydra_cfg.runtime.output_dir))
-    except (DataError, CheckpointError, ValueError) as error:
+    except Interrupted as stop:
+        log.warning("%s", stop)
+        print(f"interrupted: {stop}", file=sys.stderr)
+        sys.exit(INTERRUPTED)  # not 1: a stop to resume from, not a failure (ends a sweep too)
+    except (DataError, CheckpointError, TrainingError, ValueError) as error:
         log.error("error: %s", error)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and goes on with the sweep (exit code 1 at the end)

@@ -10,7 +10,7 @@ attention, the layer and the head. Tags sort naturally in TensorBoard's list::
     attention/sent0/encoder_self_layer3_mean   Transformer: last encoder layer
 """
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
@@ -51,8 +51,9 @@ def attention_maps(attention: Mapping[str, Any], n_sentences: int) -> Iterator[T
 class Board:
     """A run's TensorBoard writer (``<run>/tb``). Flushes after every evaluation."""
 
-    def __init__(self, log_dir: Path):
-        self.writer = SummaryWriter(log_dir=str(log_dir), flush_secs=30)
+    def __init__(self, log_dir: Path, purge_step: Optional[int] = None):
+        # purge_step: a resumed run hides the events its previous life logged at or after that step
+        self.writer = SummaryWriter(log_dir=str(log_dir), flush_secs=30, purge_step=purge_step)
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         for tag, value in values.items():

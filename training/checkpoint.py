@@ -72,15 +72,26 @@ def to_cpu(tree: Any) -> Any:
 
 
 def rng_states() -> Dict[str, Any]:
-    states = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    """Python's, NumPy's, torch's and (when present) CUDA's generators, as tensors and plain data."""
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {"python": random.getstate(), "torch": torch.get_rng_state(),
+              "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
 
 
 def set_rng_states(states: Dict[str, Any]) -> None:
+    import numpy as np
+
     random.setstate(states["python"])
     torch.set_rng_state(states["torch"])
+    if "numpy" in states:
+        n = states["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 

@@ -44,6 +44,8 @@ class TrainerConfig:
     log_every: int = 50  # steps between log lines and train/* scalars
     attention_samples: int = 4  # validation sentences whose attention is drawn at every evaluation
     resume: Optional[str] = None  # null, auto (this run folder's last.pt) or a checkpoint path
+    keep_last: Optional[int] = None  # also keep the last N evaluations' checkpoints as checkpoints/step_<step>.pt
+    max_bad_steps: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
     num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
     compile: bool = False  # torch.compile the model

@@ -36,8 +36,13 @@ from training.evaluate import decode_ids, detokenize, output_attention, src_mask
 from training.loss import label_smoothed_nll
 from training.metrics import corpus_scores, signatures
 from training.schedule import lr_at
+from training.signals import Interrupted, StopRequest
 
 log = logging.getLogger(__name__)
+
+
+class TrainingError(Exception):
+    """A run that cannot go on (or must not start); the message says why and what to do."""
 
 
 @dataclass
@@ -52,6 +57,8 @@ class Progress:
     train_seconds: float = 0.0  # wall time of the loop so far, evaluations included
     step_seconds: float = 0.0  # time inside optimizer steps only
     tgt_tokens: int = 0  # real target tokens trained on
+    skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
+    bad_in_a_row: int = 0  # of those, how many just now, in a row
     history: List[Dict[str, float]] = field(default_factory=list)  # one entry per evaluation
 
 
@@ -65,6 +72,7 @@ def check_trainer_config(tc: TrainerConfig) -> None:
     """Range checks the schema's types cannot express; one line naming the key."""
     at_least_one = {"batch_tokens": tc.batch_tokens, "accumulate": tc.accumulate, "log_every": tc.log_every,
                     "beam_size": tc.beam_size, "eval_every": tc.eval_every, "patience": tc.patience,
+                    "keep_last": tc.keep_last, "max_bad_steps": tc.max_bad_steps,
                     "max_epochs": tc.max_epochs, "max_steps": tc.max_steps, "num_threads": tc.num_threads}
     for key, value in at_least_one.items():
         if value is not None and value < 1:
@@ -120,6 +128,7 @@ class Trainer:
         self.progress = Progress()
         self.ckpt_dir = out_dir / "checkpoints"
         self.board: Optional[Board] = None
+        self.stop: Optional[StopRequest] = None  # set while fit() runs: a signal asks to stop
 
     # ----- checkpoints -----
     def checkpoint(self) -> Dict[str, Any]:
@@ -133,6 +142,22 @@ class Trainer:
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
 
+    def check_run_folder(self) -> None:
+        """A new run never writes over another one: a folder with a finished or an interrupted run
+        takes ``trainer.resume=auto`` (to continue it) or another ``hydra.run.dir``."""
+        if self.tc.resume is not None:
+            return
+        if (self.out_dir / "results.json").is_file():
+            raise TrainingError(
+                f"{self.out_dir} already holds a finished run (results.json): choose another hydra.run.dir, "
+                "or continue this one with trainer.resume=auto (for example with a larger trainer.max_epochs)"
+            )
+        if (self.ckpt_dir / "last.pt").is_file():
+            raise TrainingError(
+                f"{self.out_dir} holds an unfinished run ({self.ckpt_dir / 'last.pt'}): resume it with "
+                "trainer.resume=auto, or choose another hydra.run.dir"
+            )
+
     def resume_path(self) -> Optional[Path]:
         resume = self.tc.resume
         if resume is None:
@@ -140,18 +165,24 @@ class Trainer:
         if resume == "auto":
             last = self.ckpt_dir / "last.pt"
             if not last.is_file():
-                log.info("trainer.resume=auto: no %s yet, starting a new run", last)
-                return None
+                raise TrainingError(
+                    f"trainer.resume=auto: nothing to resume, {last} does not exist; point hydra.run.dir at the "
+                    "run folder to continue, or leave trainer.resume out to start a new run"
+                )
             return last
         return Path(resume)
 
-    def maybe_resume(self) -> None:
+    def maybe_resume(self) -> bool:
+        """Restore the state of ``trainer.resume``; whether there was one."""
         path = self.resume_path()
         if path is None:
-            return
+            return False
         payload = load_checkpoint(path)
-        if payload["model_config"] != asdict(self.model_cfg):
-            raise CheckpointError(f"checkpoint {path} was trained with another model config: {payload['model_config']}")
+        changed = config_changes(payload["model_config"], asdict(self.model_cfg))
+        if changed:
+            raise CheckpointError(
+                f"checkpoint {path} was trained with another model config: {changed}; resume with the same model.* settings"
+            )
         if payload["tokenizer"] != self.data.tokenizer.state_dict():
             raise CheckpointError(f"checkpoint {path} was trained with another vocabulary: check the data.* settings")
         self.model.load_state_dict(payload["model"])
@@ -163,6 +194,7 @@ class Trainer:
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(best, self.ckpt_dir / "best.pt")  # the best weights so far belong to this run too
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.progress.step, self.progress.epoch + 1, self.progress.batches_done)
+        return True
 
     # ----- training -----
     def train_step(self, batches: List[Batch]) -> Dict[str, float]:
@@ -179,13 +211,38 @@ class Trainer:
             total += float(loss.detach())
         clip = self.tc.clip_grad_norm if self.tc.clip_grad_norm is not None else float("inf")
         grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if not (math.isfinite(total) and math.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)  # no update: weights, optimizer state and step stay as they were
+            return {"loss": total / n_tokens, "lr": float("nan"), "grad_norm": grad_norm, "tokens": n_tokens, "skipped": True}
         self.progress.step += 1
         lr = lr_at(self.progress.step, self.tc.schedule, self.tc.lr, self.tc.warmup_steps, self.tc.decay_rate, self.tc.decay_steps, self.tc.min_lr)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": total / n_tokens, "lr": lr, "grad_norm": grad_norm, "tokens": n_tokens}
+        return {"loss": total / n_tokens, "lr": lr, "grad_norm": grad_norm, "tokens": n_tokens, "skipped": False}
+
+    def skip_bad_step(self, stats: Dict[str, float], where: str) -> None:
+        """Count a skipped update; too many in a row stop the run, with last.pt from before them."""
+        p = self.progress
+        p.skipped_steps += 1
+        p.bad_in_a_row += 1
+        log.warning("non-finite %s on %s: update skipped (%d in a row, %d in all)",
+                    "loss" if not math.isfinite(stats["loss"]) else "gradient", where, p.bad_in_a_row, p.skipped_steps)
+        self.board.scalars({"train/skipped_steps": p.skipped_steps}, p.step)
+        if p.bad_in_a_row >= self.tc.max_bad_steps:
+            self.save_last()
+            raise TrainingError(
+                f"{p.bad_in_a_row} steps in a row with a non-finite loss or gradient (trainer.max_bad_steps), the last on "
+                f"{where}; {self.ckpt_dir / 'last.pt'} holds the weights of step {p.step}, before them: lower trainer.lr "
+                "or check the data, then resume with trainer.resume=auto"
+            )
+
+    def save_last(self) -> Path:
+        """Save the state as it is now (mid-epoch too) as ``last.pt``."""
+        path = self.ckpt_dir / "last.pt"
+        save_checkpoint(self.checkpoint(), path)
+        return path
 
     def should_stop(self, start: float) -> Optional[str]:
         tc, p = self.tc, self.progress
@@ -239,29 +296,49 @@ class Trainer:
         window = {"loss": 0.0, "count": 0, "tokens": 0, "seconds": 0.0}
         while p.batches_done < len(batches):
             group = batches[p.batches_done : p.batches_done + tc.accumulate]
+            where = f"epoch {p.epoch + 1} batch {p.batches_done + 1}" + (f"-{p.batches_done + len(group)}" if len(group) > 1 else "")
             tick = time.perf_counter()
             stats = self.train_step([collate([train[i] for i in indices]) for indices in group])
             seconds = time.perf_counter() - tick
             p.batches_done += len(group)
-            p.step_seconds += seconds
-            p.tgt_tokens += stats["tokens"]
-            window = {"loss": window["loss"] + stats["loss"], "count": window["count"] + 1,
-                      "tokens": window["tokens"] + stats["tokens"], "seconds": window["seconds"] + seconds}
-            if p.step % tc.log_every == 0:
-                self.log_line(stats, window)
-                window = {"loss": 0.0, "count": 0, "tokens": 0, "seconds": 0.0}
+            if stats["skipped"]:
+                self.skip_bad_step(stats, where)  # the step counter stays: no evaluation is due
+            else:
+                p.bad_in_a_row = 0
+                p.step_seconds += seconds
+                p.tgt_tokens += stats["tokens"]
+                window = {"loss": window["loss"] + stats["loss"], "count": window["count"] + 1,
+                          "tokens": window["tokens"] + stats["tokens"], "seconds": window["seconds"] + seconds}
+                if p.step % tc.log_every == 0:
+                    self.log_line(stats, window)
+                    window = {"loss": 0.0, "count": 0, "tokens": 0, "seconds": 0.0}
             if p.batches_done >= len(batches):
                 p.epoch, p.batches_done = p.epoch + 1, 0
-            if tc.eval_every is not None and p.step % tc.eval_every == 0:
+            if tc.eval_every is not None and p.step % tc.eval_every == 0 and not stats["skipped"]:
                 self.evaluate(start)
             elif tc.eval_every is None and p.batches_done == 0:
                 self.evaluate(start)
+            self.check_signal(start)
             reason = self.should_stop(start)
             if reason:
                 return reason
             if p.batches_done == 0:
                 return None  # the epoch is over: the next one has its own batch order
         return None
+
+    def check_signal(self, start: float) -> None:
+        """After a step: when a signal asked to stop, save last.pt where training stands and stop."""
+        if self.stop is None or self.stop.signum is None:
+            return
+        p = self.progress
+        p.train_seconds = time.perf_counter() - start
+        path = self.save_last()
+        self.board.flush()
+        raise Interrupted(
+            f"{self.stop.name}: stopped at step {p.step} (epoch {p.epoch + 1}, batch {p.batches_done}), saved {path}; "
+            f"resume with: python train.py trainer.resume=auto hydra.run.dir={self.out_dir} (and the same overrides)",
+            self.stop.signum,
+        )
 
     # ----- evaluation -----
     def evaluate(self, start: float) -> None:
@@ -288,6 +365,8 @@ class Trainer:
         save_checkpoint(payload, self.ckpt_dir / "last.pt")
         if improved:
             save_checkpoint(payload, self.ckpt_dir / "best.pt")
+        if tc.keep_last:
+            keep_recent(self.ckpt_dir, p.step, tc.keep_last)
         log.info(
             "valid step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f%s (%.0f s)",
             p.step, scores["loss"], scores["ppl"], scores["bleu"], scores["chrf"],
@@ -316,15 +395,16 @@ class Trainer:
 
     # ----- the whole run -----
     def fit(self) -> str:
-        self.maybe_resume()
         stats = dict(self.data.stats, batches=batch_stats(self.sampler))
         log.info("%s", format_stats(stats))
         log.info("model: %s, %s parameters, device %s, %d threads", self.model_cfg.name, f"{self.params:,}", self.device, torch.get_num_threads())
         start = time.perf_counter() - self.progress.train_seconds
         reason = self.should_stop(start)
-        while reason is None:
-            reason = self.train_epoch(start)
-            self.progress.train_seconds = time.perf_counter() - start
+        with StopRequest() as self.stop:
+            while reason is None:
+                reason = self.train_epoch(start)
+                self.progress.train_seconds = time.perf_counter() - start
+        self.stop = None
         self.progress.train_seconds = time.perf_counter() - start
         if not self.progress.history or self.progress.history[-1]["step"] != self.progress.step:
             self.evaluate(start)  # stopped between evaluations: score (and save) the last weights too
@@ -373,7 +453,10 @@ def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
     ``results.json`` under ``out_dir``; return the results."""
     out_dir = Path(out_dir)
     trainer = Trainer(cfg, out_dir)
-    trainer.board = Board(out_dir / "tb")
+    trainer.check_run_folder()
+    resumed = trainer.maybe_resume()
+    # A resumed run appends to its TensorBoard run; events logged after its checkpoint are dropped.
+    trainer.board = Board(out_dir / "tb", purge_step=trainer.progress.step + 1 if resumed else None)
     try:
         reason = trainer.fit()
         log.info("training stopped: %s", reason)
@@ -388,6 +471,24 @@ def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
         return results
     finally:
         trainer.board.close()
+
+
+def config_changes(saved: Dict[str, Any], now: Dict[str, Any], prefix: str = "model") -> str:
+    """The keys whose values differ, as ``model.d_model (checkpoint 256, now 512)``; empty when none."""
+    keys = sorted(set(saved) | set(now))
+    return ", ".join(f"{prefix}.{k} (checkpoint {saved.get(k)!r}, now {now.get(k)!r})" for k in keys if saved.get(k) != now.get(k))
+
+
+def keep_recent(folder: Path, step: int, keep: int) -> None:
+    """Keep ``last.pt`` as ``step_<step>.pt`` too (a hard link: no second write), and only the ``keep`` newest of those."""
+    kept = folder / f"step_{step:07d}.pt"
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(folder / "last.pt", kept)
+    except OSError:  # no hard links on this file system
+        shutil.copyfile(folder / "last.pt", kept)
+    for old in sorted(folder.glob("step_*.pt"))[:-keep]:
+        old.unlink()
 
 
 def summary_line(results: Dict[str, Any]) -> str:
