@@ -1,7 +1,9 @@
 """Train a model: ``python train.py [OVERRIDES]`` (Hydra; see conf/ and README).
 
-A thin wrapper: composes the config, then calls ``training.trainer.train(cfg, out_dir)`` with
-Hydra's output folder as the run folder.
+A thin wrapper: composes the config, prepares the run in Hydra's output folder (every refusal
+happens there), records the config in ``.hydra/`` and trains. Hydra's own ``.hydra/`` writing is
+off (``hydra.output_subdir: null``) because it comes before any check: a refused run must leave
+the folder of an earlier run as it was.
 """
 import logging
 import sys
@@ -10,29 +12,46 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from data.errors import DataError
 from training.checkpoint import CheckpointError
 from training.config import register_configs
 from training.signals import INTERRUPTED, Interrupted
-from training.trainer import TrainingError, train
+from training.files import AtomicFile
+from training.run_folder import RunFolderError
+from training.trainer import TrainingError, prepare, run
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 register_configs()
 log = logging.getLogger("train")
 
 
+def record_config(out_dir: Path, cfg: DictConfig) -> None:
+    """Write ``.hydra/config.yaml``, ``hydra.yaml`` and ``overrides.yaml`` as Hydra would."""
+    hydra_cfg = HydraConfig.get()
+    folder = out_dir / ".hydra"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, node in [("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+                       ("overrides.yaml", hydra_cfg.overrides.task)]:
+        with AtomicFile(folder / name) as out:
+            out.write(OmegaConf.to_yaml(node))
+
+
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     try:
-        results = train(cfg, Path(hydra_cfg.runtime.output_dir))
+        out_dir = Path(hydra_cfg.runtime.output_dir)
+        trainer = prepare(cfg, out_dir)
+        record_config(out_dir, cfg)
+        results = run(trainer)
     except Interrupted as stop:
         log.warning("%s", stop)
         print(f"interrupted: {stop}", file=sys.stderr)
         sys.exit(INTERRUPTED)  # not 1: a stop to resume from, not a failure (ends a sweep too)
-    except (DataError, CheckpointError, TrainingError, ValueError) as error:
+    except (DataError, CheckpointError, TrainingError, RunFolderError, ConfigKeyError, ValueError) as error:
         log.error("error: %s", error)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and goes on with the sweep (exit code 1 at the end)

@@ -32,10 +32,12 @@ from training.checkpoint import CheckpointError, load_checkpoint, rng_states, sa
 from training.config import TrainerConfig, model_config
 from training.device import pick_device
 from models.search import Hypothesis
+from training.files import AtomicFile
 from training.evaluate import decode_ids, detokenize, output_attention, src_mask_of, translate_split, validation_loss
 from training.loss import label_smoothed_nll
 from training.metrics import corpus_scores, signatures
 from training.schedule import lr_at
+from training.run_folder import check_run_folder, resume_path
 from training.signals import Interrupted, StopRequest
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,7 @@ class Trainer:
         self.ckpt_dir = out_dir / "checkpoints"
         self.board: Optional[Board] = None
         self.stop: Optional[StopRequest] = None  # set while fit() runs: a signal asks to stop
+        self.resumed = False  # whether maybe_resume restored a checkpoint
 
     # ----- checkpoints -----
     def checkpoint(self) -> Dict[str, Any]:
@@ -142,39 +145,9 @@ class Trainer:
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
 
-    def check_run_folder(self) -> None:
-        """A new run never writes over another one: a folder with a finished or an interrupted run
-        takes ``trainer.resume=auto`` (to continue it) or another ``hydra.run.dir``."""
-        if self.tc.resume is not None:
-            return
-        if (self.out_dir / "results.json").is_file():
-            raise TrainingError(
-                f"{self.out_dir} already holds a finished run (results.json): choose another hydra.run.dir, "
-                "or continue this one with trainer.resume=auto (for example with a larger trainer.max_epochs)"
-            )
-        if (self.ckpt_dir / "last.pt").is_file():
-            raise TrainingError(
-                f"{self.out_dir} holds an unfinished run ({self.ckpt_dir / 'last.pt'}): resume it with "
-                "trainer.resume=auto, or choose another hydra.run.dir"
-            )
-
-    def resume_path(self) -> Optional[Path]:
-        resume = self.tc.resume
-        if resume is None:
-            return None
-        if resume == "auto":
-            last = self.ckpt_dir / "last.pt"
-            if not last.is_file():
-                raise TrainingError(
-                    f"trainer.resume=auto: nothing to resume, {last} does not exist; point hydra.run.dir at the "
-                    "run folder to continue, or leave trainer.resume out to start a new run"
-                )
-            return last
-        return Path(resume)
-
     def maybe_resume(self) -> bool:
         """Restore the state of ``trainer.resume``; whether there was one."""
-        path = self.resume_path()
+        path = resume_path(self.out_dir, self.tc.resume)
         if path is None:
             return False
         payload = load_checkpoint(path)
@@ -448,29 +421,42 @@ class Trainer:
         }
 
 
-def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
-    """Train the model ``cfg`` describes; write checkpoints, TensorBoard events, hypotheses and
-    ``results.json`` under ``out_dir``; return the results."""
+def prepare(cfg: DictConfig, out_dir: Path) -> Trainer:
+    """Check the run folder, load the data, build the model and restore ``trainer.resume``: every
+    refusal happens here, before anything is written into ``out_dir``."""
     out_dir = Path(out_dir)
+    check_run_folder(out_dir, cfg.trainer.get("resume"))
     trainer = Trainer(cfg, out_dir)
-    trainer.check_run_folder()
-    resumed = trainer.maybe_resume()
-    # A resumed run appends to its TensorBoard run; events logged after its checkpoint are dropped.
-    trainer.board = Board(out_dir / "tb", purge_step=trainer.progress.step + 1 if resumed else None)
+    trainer.resumed = trainer.maybe_resume()
+    return trainer
+
+
+def run(trainer: Trainer) -> Dict[str, Any]:
+    """Train a prepared run; write checkpoints, TensorBoard events, hypotheses and ``results.json``
+    into its folder; return the results."""
+    out_dir, p = trainer.out_dir, trainer.progress
+    # A resumed run appends to its TensorBoard run; events its previous life logged after the checkpoint are dropped.
+    trainer.board = Board(out_dir / "tb", purge_step=p.step + 1 if trainer.resumed else None)
     try:
         reason = trainer.fit()
         log.info("training stopped: %s", reason)
         test = trainer.test()
         results = trainer.results(test)
-        (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        with AtomicFile(out_dir / "results.json") as out:
+            out.write(json.dumps(results, indent=2) + "\n")
         metrics = {"hparam/valid_bleu": results["valid"]["bleu"] or 0.0}
         metrics.update({f"hparam/{split}_bleu": s["bleu"] for split, s in test.items()})
         metrics.update({f"hparam/{split}_chrf": s["chrf"] for split, s in test.items()})
-        trainer.board.hparams(flat_params(OmegaConf.to_container(cfg, resolve=True)), metrics)
+        trainer.board.hparams(flat_params(OmegaConf.to_container(trainer.cfg, resolve=True)), metrics)
         log.info("summary: %s", summary_line(results))
         return results
     finally:
         trainer.board.close()
+
+
+def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
+    """Train the model ``cfg`` describes in the run folder ``out_dir``: ``run(prepare(...))``."""
+    return run(prepare(cfg, out_dir))
 
 
 def config_changes(saved: Dict[str, Any], now: Dict[str, Any], prefix: str = "model") -> str:

@@ -1,0 +1,81 @@
+"""The run folder's guards: a run never silently writes over another one, and an unusable folder
+is refused before anything is written.
+
+``check_run_folder`` runs twice: from the Hydra callback ``RunFolderCheck`` (``conf/config.yaml``,
+``hydra.callbacks``), before Hydra creates the folder, opens ``train.log`` or does anything else
+there; and from ``training.trainer.prepare`` (in-process callers and each job of a sweep).
+"""
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class RunFolderError(Exception):
+    """A run folder that must not or cannot take this run; the message says what to do."""
+
+
+def check_run_folder(out_dir: Path, resume: Optional[str]) -> None:
+    """A folder that holds a finished run (``results.json``) or an interrupted one
+    (``checkpoints/last.pt``) refuses a new run: ``trainer.resume=auto`` (or a path to one of its
+    own checkpoints) continues it. ``trainer.resume=auto`` needs a ``last.pt`` to continue."""
+    last = out_dir / "checkpoints" / "last.pt"
+    if resume == "auto":
+        if not last.is_file():
+            raise RunFolderError(
+                f"trainer.resume=auto: nothing to resume, {last} does not exist; point hydra.run.dir at the "
+                "run folder to continue, or leave trainer.resume out to start a new run"
+            )
+        return
+    if (out_dir / "results.json").is_file():
+        held = "a finished run (results.json)"
+    elif last.is_file():
+        held = f"an unfinished run ({last})"
+    else:
+        return
+    if resume is not None and Path(resume).resolve().parent == last.parent.resolve():
+        return  # continuing from one of this run's own checkpoints
+    raise RunFolderError(
+        f"{out_dir} already holds {held}; a new run there would overwrite it: choose another hydra.run.dir, "
+        "or continue this one with trainer.resume=auto (for example with a larger trainer.max_epochs)"
+    )
+
+
+def resume_path(out_dir: Path, resume: Optional[str]) -> Optional[Path]:
+    """The checkpoint ``trainer.resume`` names: none, this run folder's ``last.pt``, or a path."""
+    if resume is None:
+        return None
+    return out_dir / "checkpoints" / "last.pt" if resume == "auto" else Path(resume)
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """Create ``folder`` if needed and write (and remove) a file in it; ``key`` names the setting."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise RunFolderError(f"cannot write into {key}={folder} ({error.strerror}): choose a writable folder") from None
+
+
+class RunFolderCheck(Callback):
+    """Hydra callback: refuse a run (one ``error:`` line, exit 1) before Hydra touches its folder."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        folder = Path(str(config.hydra.run.dir))
+        self._refuse_on_error(lambda: (check_run_folder(folder, config.trainer.get("resume")),
+                                       check_writable(folder, "hydra.run.dir")))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._refuse_on_error(lambda: check_writable(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir"))
+
+    @staticmethod
+    def _refuse_on_error(check) -> None:
+        try:
+            check()
+        except RunFolderError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(1)
