@@ -44,3 +44,115 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_
     a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(split / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)  # bitwise: same ops, same order, same thread count on CPU
+
+
+def wait_for(process: subprocess.Popen, text: str) -> str:
+    """Read the process's output up to the first line holding ``text``; all of it so far."""
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen)
+    raise AssertionError(f"never saw {text!r}:\n" + "".join(seen)[-2000:])
+
+
+def test_a_second_signal_exits_at_once_and_the_previous_last_pt_survives(multi30k_slice, tmp_path):
+    """Steps made slow (a wider model, bigger batches) so that the second signal lands inside the step."""
+    run = tmp_path / "run"
+    slow = ["model.hidden_size=256", "model.embed_dim=256", "trainer.batch_tokens=6000", "trainer.eval_every=3"]
+    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", *slow), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    wait_for(process, "valid step 3:")
+    saved = (run / "checkpoints" / "last.pt").read_bytes()
+    wait_for(process, " step 4/")
+    process.send_signal(signal.SIGINT)
+    wait_for(process, "SIGINT: stopping after the current step")
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=300)[0]
+    assert process.returncode == 128 + signal.SIGINT, rest[-2000:]
+    assert "second SIGINT: exiting at once" in rest
+    assert (run / "checkpoints" / "last.pt").read_bytes() == saved
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"] == 3
+
+
+WRITER = """
+import sys, torch
+from pathlib import Path
+from training.checkpoint import save_checkpoint, load_checkpoint
+path = Path(sys.argv[1])
+step = load_checkpoint(path)["step"] + 1 if path.exists() else 0
+while True:  # 16 MB checkpoints, as fast as the disk takes them
+    save_checkpoint({"model": {"w": torch.full((4_000_000,), float(step))}, "model_config": {}, "step": step}, path)
+    print(step, flush=True)
+    step += 1
+"""
+
+
+def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
+    """The real save_checkpoint, killed with SIGKILL at 12 points in its save loop: each time the
+    checkpoint in place loads whole, holds the last step reported saved (or the one being saved
+    when the rename had happened), and the writer goes on from it."""
+    from training.checkpoint import load_checkpoint
+
+    path = tmp_path / "last.pt"
+    for attempt in range(12):
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        reported = int(writer.stdout.readline())
+        time.sleep(0.013 * attempt)  # spread the kills over the save's phases
+        writer.kill()
+        writer.wait(timeout=60)
+        payload = load_checkpoint(path)
+        assert payload["step"] >= reported
+        assert torch.equal(payload["model"]["w"], torch.full((4_000_000,), float(payload["step"])))
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != "last.pt"]
+    assert all(name.startswith(".last.pt.") and name.endswith(".tmp") for name in leftovers)
+
+
+def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint(multi30k_slice, tmp_path):
+    run = tmp_path / "run"
+    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(process, "valid step 6:")
+    wait_for(process, " step 7/")
+    process.kill()
+    process.wait(timeout=60)
+    resumed = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.resume=auto"),
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    assert (run / "results.json").is_file()
+    assert not list((run / "checkpoints").glob(".*.tmp"))  # a killed save's temporary file is cleared on resume
+
+
+def test_non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run(multi30k_slice, tmp_path):
+    """A real blow-up: lr=3e38 with Adam's beta1=0 (its first step moves every weight by the full
+    lr) and no clipping. Step 1 throws the weights to ~3e38, so the next forward overflows and every
+    later loss is non-finite; the updates are skipped, and the third in a row stops the run with
+    last.pt at step 1. (A merely huge lr is not enough: tanh saturates and the loss stays finite.)"""
+    run = tmp_path / "run"
+    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.lr=3e38", "trainer.betas=[0.0,0.999]", "trainer.schedule=constant", "trainer.warmup_steps=0",
+                                  "trainer.clip_grad_norm=null", "trainer.max_bad_steps=3"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr[-2000:]
+    log_text = (run / "train.log").read_text()
+    for n in (1, 2, 3):
+        assert f"on epoch 1 batch {n + 1}: update skipped ({n} in a row, {n} in all)" in log_text
+    assert "error: 3 steps in a row with a non-finite loss or gradient (trainer.max_bad_steps), the last on epoch 1 batch 4" in done.stderr
+    payload = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert payload["progress"]["step"] == 1 and payload["progress"]["skipped_steps"] == 3
+    assert all(torch.isfinite(t).all() for t in payload["model"].values())
+    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/skipped_steps")] == [1, 2, 3]
+    assert not (run / "results.json").exists()
+
+
+def test_keep_last_keeps_the_newest_evaluations_checkpoints(multi30k_slice, tmp_path):
+    run = tmp_path / "run"
+    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=5", "trainer.max_steps=20",
+                                  "trainer.keep_last=2"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kept = sorted(p.name for p in (run / "checkpoints").glob("step_*.pt"))
+    assert kept == ["step_0000015.pt", "step_0000020.pt"]
+    assert torch.load(run / "checkpoints" / "step_0000015.pt", weights_only=True)["progress"]["step"] == 15
+    assert (run / "checkpoints" / "step_0000020.pt").read_bytes() == (run / "checkpoints" / "last.pt").read_bytes()

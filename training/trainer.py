@@ -150,6 +150,9 @@ class Trainer:
         path = resume_path(self.out_dir, self.tc.resume)
         if path is None:
             return False
+        for stale in self.ckpt_dir.glob(".*.pt.*.tmp"):  # a save cut short by SIGKILL or a crash: never renamed into place
+            log.info("removing %s, the temporary file of a save that did not finish", stale)
+            stale.unlink()
         payload = load_checkpoint(path)
         changed = config_changes(payload["model_config"], asdict(self.model_cfg))
         if changed:
@@ -166,6 +169,7 @@ class Trainer:
         if path.parent.resolve() != self.ckpt_dir.resolve() and best.is_file():
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(best, self.ckpt_dir / "best.pt")  # the best weights so far belong to this run too
+        self.progress.bad_in_a_row = 0  # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.progress.step, self.progress.epoch + 1, self.progress.batches_done)
         return True
 

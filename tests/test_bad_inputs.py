@@ -1,0 +1,125 @@
+"""A catalogue of bad inputs to ``train.py`` (real subprocesses, a tiny model, the Multi30k slice).
+
+Each case asserts the message, the non-zero exit and that the earlier run in the folder is
+untouched: every file byte for byte, except ``train.log``, which may only have lines appended
+(Hydra opens it before ``train.py`` runs; the refusal is logged there too).
+"""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["model=rnn", "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32", "data.vocab_size=500",
+        "trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.max_epochs=null", "trainer.eval_every=3",
+        "trainer.attention_samples=0", "trainer.beam_size=1", "trainer.num_threads=1"]
+
+
+def train(run_dir: Path, data_root: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", f"data.root={data_root}",
+                           f"data.cache_dir={cache}", *TINY, *extra], capture_output=True, text=True, timeout=300)
+
+
+def snapshot(folder: Path) -> Dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(multi30k_slice, tmp_path_factory):
+    """One finished tiny run (6 steps), made once; each case works on a copy."""
+    base = tmp_path_factory.mktemp("finished")
+    done = train(base / "run", multi30k_slice, base / "cache")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return base / "run", base / "cache"
+
+
+def bad_data(slice_dir: Path, target: Path, kind: str) -> Path:
+    """A copy of the slice with one fault."""
+    shutil.copytree(slice_dir, target)
+    if kind == "short_target":
+        lines = (target / "train.en").read_text(encoding="utf-8").splitlines(keepends=True)
+        (target / "train.en").write_text("".join(lines[:-1]), encoding="utf-8")
+    elif kind == "empty_train":
+        for lang in ("de", "en", "fr"):
+            (target / f"train.{lang}").write_text("", encoding="utf-8")
+    return target
+
+
+# (case, overrides, expected text); {run}: a copy of the finished run, {fresh}: a folder that does
+# not exist, {slice}: the data slice, {short} / {empty}: slices with a fault, {nothing}: no folder.
+# Config and data faults are tried while continuing the finished run (trainer.resume=auto), the
+# case where a mistake could cost the most: its checkpoints and results must survive.
+CASES = [
+    ("unknown key", ["trainer.frobnicate=1"], "Key 'frobnicate' not in 'TrainerConfig'"),
+    ("unknown key added with +", ["+trainer.frobnicate=1"], "error: unknown config key trainer.frobnicate"),
+    ("unknown data key", ["+data.srcc=de"], "error: unknown config key data.srcc"),
+    ("wrong type", ["trainer.batch_tokens=many"], "Value 'many' of type 'str' could not be converted to Integer"),
+    ("value out of range", ["trainer.resume=auto", "trainer.keep_last=0"], "error: trainer.keep_last must be at least 1, got 0"),
+    ("data folder missing", ["trainer.resume=auto", "data.root={nothing}"], "error: data folder {nothing} does not exist"),
+    ("mismatched line counts", ["trainer.resume=auto", "data.root={short}"], "has 400 lines but {short}/train.en has 399"),
+    ("empty training split", ["trainer.resume=auto", "data.root={empty}"], "error: the training split of"),
+    ("vocabulary too large", ["trainer.resume=auto", "data.vocab_size=100000"], "error: data.vocab_size=100000 does not fit this training data"),
+    ("resume=auto with nothing to resume", ["hydra.run.dir={fresh}", "trainer.resume=auto"], "error: trainer.resume=auto: nothing to resume"),
+    ("resume with a changed model config", ["trainer.resume=auto", "model.hidden_size=64", "model.dropout=0.1"],
+     "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 32, now 64)"),
+    ("new run in a finished run's folder", [], "already holds a finished run (results.json); a new run there would overwrite it"),
+    ("another run's checkpoint into a finished run's folder", ["trainer.resume={earlier}/checkpoints/last.pt"], "already holds a finished run"),
+    ("run folder not writable", ["hydra.run.dir={run}/results.json/run"], "error: cannot write into hydra.run.dir={run}/results.json/run (Not a directory)"),
+]
+
+
+@pytest.mark.parametrize("case, overrides, expected", CASES, ids=[case[0] for case in CASES])
+def test_bad_input_is_refused_and_the_earlier_run_survives(case, overrides, expected, finished_run, multi30k_slice, tmp_path):
+    earlier, cache = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(earlier, run)
+    before = snapshot(run)
+    names = {"run": run, "earlier": earlier, "fresh": tmp_path / "fresh", "slice": multi30k_slice, "nothing": tmp_path / "nothing"}
+    if "{short}" in " ".join(overrides):
+        names["short"] = bad_data(multi30k_slice, tmp_path / "short", "short_target")
+    if "{empty}" in " ".join(overrides):
+        names["empty"] = bad_data(multi30k_slice, tmp_path / "empty", "empty_train")
+    done = train(run, multi30k_slice, cache, *[o.format(**names) for o in overrides])
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert expected.format(**names) in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    after = snapshot(run)
+    log_before, log_after = before.pop("train.log"), after.pop("train.log")
+    assert after == before and log_after.startswith(log_before)
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_a_checkpoint_carrying_code_is_refused_by_train_and_nothing_runs(multi30k_slice, finished_run, tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    evil = tmp_path / "evil.pt"
+    payload = torch.load(finished_run[0] / "checkpoints" / "last.pt", weights_only=True)
+    torch.save(dict(payload, optimizer=Payload()), evil)
+    done = train(tmp_path / "run", multi30k_slice, finished_run[1], f"trainer.resume={evil}")
+    assert done.returncode == 1
+    assert f"error: checkpoint {evil} cannot be read: it holds pickled code or objects (posix.system)" in done.stderr, done.stderr[-2000:]
+    assert not marker.exists()
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_an_unwritable_run_folder_is_refused(multi30k_slice, finished_run, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):  # running as a user that ignores permissions (root)
+            pytest.skip("this user can write into read-only folders (the Not a directory case above runs everywhere)")
+        done = train(locked / "run", multi30k_slice, finished_run[1])
+        assert done.returncode == 1
+        assert f"error: cannot write into hydra.run.dir={locked / 'run'} (Permission denied)" in done.stderr
+    finally:
+        locked.chmod(0o700)
