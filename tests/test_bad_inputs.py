@@ -4,6 +4,7 @@ Each case asserts the message, the non-zero exit and that the earlier run in the
 untouched: every file byte for byte, except ``train.log``, which may only have lines appended
 (Hydra opens it before ``train.py`` runs; the refusal is logged there too).
 """
+import json
 import os
 import shutil
 import subprocess
@@ -56,8 +57,8 @@ def bad_data(slice_dir: Path, target: Path, kind: str) -> Path:
 # case where a mistake could cost the most: its checkpoints and results must survive.
 CASES = [
     ("unknown key", ["trainer.frobnicate=1"], "Key 'frobnicate' not in 'TrainerConfig'"),
-    ("unknown key added with +", ["+trainer.frobnicate=1"], "error: unknown config key trainer.frobnicate"),
-    ("unknown data key", ["+data.srcc=de"], "error: unknown config key data.srcc"),
+    ("unknown key added with +", ["trainer.resume=auto", "+trainer.frobnicate=1"], "error: unknown config key trainer.frobnicate"),
+    ("unknown data key", ["trainer.resume=auto", "+data.srcc=de"], "error: unknown config key data.srcc"),
     ("wrong type", ["trainer.batch_tokens=many"], "Value 'many' of type 'str' could not be converted to Integer"),
     ("value out of range", ["trainer.resume=auto", "trainer.keep_last=0"], "error: trainer.keep_last must be at least 1, got 0"),
     ("data folder missing", ["trainer.resume=auto", "data.root={nothing}"], "error: data folder {nothing} does not exist"),
@@ -88,6 +89,8 @@ def test_bad_input_is_refused_and_the_earlier_run_survives(case, overrides, expe
     assert done.returncode == 1, done.stderr[-2000:]
     assert expected.format(**names) in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+    if expected.startswith("error:"):  # ours: one line (the others are Hydra's own, naming full_key)
+        assert len(done.stderr.splitlines()) == 1, done.stderr
     after = snapshot(run)
     log_before, log_after = before.pop("train.log"), after.pop("train.log")
     assert after == before and log_after.startswith(log_before)
@@ -123,3 +126,14 @@ def test_an_unwritable_run_folder_is_refused(multi30k_slice, finished_run, tmp_p
         assert f"error: cannot write into hydra.run.dir={locked / 'run'} (Permission denied)" in done.stderr
     finally:
         locked.chmod(0o700)
+
+
+def test_a_finished_run_continues_with_resume_auto(finished_run, multi30k_slice, tmp_path):
+    """The documented way on from a finished run: trainer.resume=auto with a later limit."""
+    earlier, cache = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(earlier, run)
+    done = train(run, multi30k_slice, cache, "trainer.resume=auto", "trainer.max_steps=9")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((run / "results.json").read_text())["steps"] == 9
+    assert "trainer.max_steps=9" in (run / ".hydra" / "overrides.yaml").read_text()

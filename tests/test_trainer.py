@@ -73,3 +73,28 @@ def test_accumulation_normalises_by_all_target_tokens(multi30k_slice, compose_co
     assert stats["tokens"] == together["tokens"]
     assert stats["loss"] == pytest.approx(together["loss"], rel=1e-5)
     assert stats["grad_norm"] == pytest.approx(together["grad_norm"], rel=1e-4)  # the same gradient
+
+
+def test_a_non_finite_step_changes_nothing_and_training_goes_on(multi30k_slice, compose_config, tmp_path):
+    """A NaN in one weight makes the loss non-finite: the update is skipped (weights, Adam's state and
+    the step counter stay as they were); with the weight repaired the next step trains."""
+    trainer = make_trainer(multi30k_slice, compose_config, tmp_path)
+    train = trainer.data.datasets[TRAIN]
+    from data.batching import collate
+
+    first, second = [collate([train[i] for i in b]) for b in list(trainer.sampler)[:2]]
+    assert not trainer.train_step([first])["skipped"]
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    moments = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items()}
+    name, poisoned = next(iter(trainer.model.named_parameters()))
+    with torch.no_grad():
+        poisoned.view(-1)[0] = float("nan")
+    stats = trainer.train_step([second])
+    assert stats["skipped"] and trainer.progress.step == 1
+    with torch.no_grad():
+        poisoned.view(-1)[0] = weights[name].view(-1)[0]
+    assert all(torch.equal(v, weights[k]) for k, v in trainer.model.state_dict().items())
+    assert all(torch.equal(v, moments[k]) for k, v in trainer.optimizer.state_dict()["state"][0].items())
+    assert all(p.grad is None for p in trainer.model.parameters())
+    stats = trainer.train_step([second])
+    assert not stats["skipped"] and trainer.progress.step == 2

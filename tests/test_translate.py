@@ -182,6 +182,20 @@ def test_bad_checkpoints_give_one_error_line(trained_slice_models, tmp_path):
         assert_one_error_line(translate("--checkpoint", path, "Ein Mann."), expected)
 
 
+def test_a_checkpoint_with_the_other_familys_config_is_refused(trained_slice_models, tmp_path):
+    """RNN weights under the Transformer's model config (say, configs mixed up by hand): one line
+    that counts and names the weights that do not fit, no traceback, and no output file."""
+    rnn = load_checkpoint(trained_slice_models["rnn"][1])
+    transformer = load_checkpoint(trained_slice_models["transformer"][1])
+    mixed = tmp_path / "mixed.pt"
+    save_checkpoint(dict(rnn, model_config=transformer["model_config"]), mixed)
+    out = tmp_path / "out.en"
+    done = translate("--checkpoint", mixed, "--output", out, "Ein Mann.")
+    assert_one_error_line(done, "does not match its model config (model transformer: ")
+    assert "weights missing, e.g. " in done.stderr and "unexpected, e.g. " in done.stderr
+    assert not out.exists()
+
+
 def test_a_checkpoint_carrying_code_is_refused_and_nothing_runs(tmp_path):
     marker = tmp_path / "pwned"
 
