@@ -6,6 +6,7 @@ off (``hydra.output_subdir: null``) because it comes before any check: a refused
 the folder of an earlier run as it was.
 """
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -47,6 +48,9 @@ def main(cfg: DictConfig) -> float:
         trainer = prepare(cfg, out_dir)
         record_config(out_dir, cfg)
         results = run(trainer)
+    except KeyboardInterrupt:  # Ctrl-C while the data loads: no training state exists yet
+        print("interrupted: SIGINT before training started; nothing was saved", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
     except Interrupted as stop:
         log.warning("%s", stop)
         print(f"interrupted: {stop}", file=sys.stderr)

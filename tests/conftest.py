@@ -6,6 +6,16 @@ import pytest
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
+TINY_RNN = ["model=rnn", "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32"]  # 50k parameters
+
+
+def scalars(tb_dir: Path, tag: str):
+    """``{step: value}`` of one scalar tag in a run's TensorBoard events (all of them kept)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ from typing import Dict
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ["model=rnn", "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32", "data.vocab_size=500",
-        "trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.max_epochs=null", "trainer.eval_every=3",
+from conftest import ROOT, TINY_RNN
+
+TINY = [*TINY_RNN, "data.vocab_size=500", "trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.max_epochs=null", "trainer.eval_every=3",
         "trainer.attention_samples=0", "trainer.beam_size=1", "trainer.num_threads=1"]
 
 
@@ -68,6 +68,8 @@ CASES = [
     ("resume=auto with nothing to resume", ["hydra.run.dir={fresh}", "trainer.resume=auto"], "error: trainer.resume=auto: nothing to resume"),
     ("resume with a changed model config", ["trainer.resume=auto", "model.hidden_size=64", "model.dropout=0.1"],
      "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 32, now 64)"),
+    ("resume with other batches", ["trainer.resume=auto", "trainer.batch_tokens=1200", "seed=2"],
+     "other settings that decide the batches: seed (checkpoint 1, now 2), trainer.batch_tokens (checkpoint 1000, now 1200)"),
     ("new run in a finished run's folder", [], "already holds a finished run (results.json); a new run there would overwrite it"),
     ("another run's checkpoint into a finished run's folder", ["trainer.resume={earlier}/checkpoints/last.pt"], "already holds a finished run"),
     ("run folder not writable", ["hydra.run.dir={run}/results.json/run"], "error: cannot write into hydra.run.dir={run}/results.json/run (Not a directory)"),

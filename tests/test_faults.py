@@ -1,4 +1,5 @@
 """Faults in real runs (train.py subprocesses, tiny models, the Multi30k slice): signals, exact resume."""
+import re
 import signal
 import subprocess
 import sys
@@ -6,10 +7,8 @@ import time
 from pathlib import Path
 
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY_RNN = ["model=rnn", "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32"]
+from conftest import ROOT, TINY_RNN, scalars
 
 
 def command(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):
@@ -20,9 +19,7 @@ def command(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):
 
 
 def losses(run_dir: Path):
-    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
-    return {e.step: e.value for e in events.Scalars("train/loss")}
+    return dict(scalars(run_dir / "tb", "train/loss"))
 
 
 def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_slice, tmp_path):
@@ -57,22 +54,26 @@ def wait_for(process: subprocess.Popen, text: str) -> str:
 
 
 def test_a_second_signal_exits_at_once_and_the_previous_last_pt_survives(multi30k_slice, tmp_path):
-    """Steps made slow (a wider model, bigger batches) so that the second signal lands inside the step."""
+    """Deterministic: the run is frozen (SIGSTOP) in the middle of training, sent SIGINT and then
+    SIGTERM (two different signals stay pending; two SIGINTs would merge into one) and let go
+    (SIGCONT). Python runs the handlers in signal-number order: SIGINT asks to stop after the step,
+    SIGTERM, the second signal, exits at once with 128 + 15. The last.pt in place when the run was
+    frozen is the one left."""
     run = tmp_path / "run"
-    slow = ["model.hidden_size=256", "model.embed_dim=256", "trainer.batch_tokens=6000", "trainer.eval_every=3"]
-    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", *slow), stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    wait_for(process, "valid step 3:")
+    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=3"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for(process, "valid step 6:")
+    wait_for(process, " step 8/")
+    process.send_signal(signal.SIGSTOP)
     saved = (run / "checkpoints" / "last.pt").read_bytes()
-    wait_for(process, " step 4/")
     process.send_signal(signal.SIGINT)
-    wait_for(process, "SIGINT: stopping after the current step")
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signal.SIGTERM)
+    process.send_signal(signal.SIGCONT)
     rest = process.communicate(timeout=300)[0]
-    assert process.returncode == 128 + signal.SIGINT, rest[-2000:]
-    assert "second SIGINT: exiting at once" in rest
+    assert process.returncode == 128 + signal.SIGTERM, rest[-2000:]
+    assert "SIGINT: stopping after the current step" in rest and "second SIGTERM: exiting at once" in rest
     assert (run / "checkpoints" / "last.pt").read_bytes() == saved
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"] == 3
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"] >= 6
 
 
 WRITER = """
@@ -116,12 +117,14 @@ def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint(multi30k_sli
     wait_for(process, " step 7/")
     process.kill()
     process.wait(timeout=60)
+    stale = run / "checkpoints" / ".last.pt.k1ll3d.tmp"  # what a kill inside a save leaves (the loop above rarely hits one)
+    stale.write_bytes(b"half a checkpoint")
     resumed = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.resume=auto"),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert (run / "results.json").is_file()
-    assert not list((run / "checkpoints").glob(".*.tmp"))  # a killed save's temporary file is cleared on resume
+    assert not stale.exists()  # a killed save's temporary file is cleared on resume
 
 
 def test_non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run(multi30k_slice, tmp_path):
@@ -130,8 +133,9 @@ def test_non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run(multi30
     later loss is non-finite; the updates are skipped, and the third in a row stops the run with
     last.pt at step 1. (A merely huge lr is not enough: tanh saturates and the loss stays finite.)"""
     run = tmp_path / "run"
-    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.lr=3e38", "trainer.betas=[0.0,0.999]", "trainer.schedule=constant", "trainer.warmup_steps=0",
-                                  "trainer.clip_grad_norm=null", "trainer.max_bad_steps=3"),
+    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.lr=3e38", "trainer.betas=[0.0,0.999]",
+                                  "trainer.schedule=constant", "trainer.warmup_steps=0", "trainer.clip_grad_norm=null",
+                                  "trainer.max_bad_steps=3"),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr[-2000:]
     log_text = (run / "train.log").read_text()
@@ -141,10 +145,23 @@ def test_non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run(multi30
     payload = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert payload["progress"]["step"] == 1 and payload["progress"]["skipped_steps"] == 3
     assert all(torch.isfinite(t).all() for t in payload["model"].values())
-    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
-    assert [e.value for e in events.Scalars("train/skipped_steps")] == [1, 2, 3]
+    assert [value for _, value in scalars(run / "tb", "train/skipped_steps")] == [1, 2, 3]
     assert not (run / "results.json").exists()
+
+    # The same fault stopping the run on the last batch of an epoch: the resumed run starts the
+    # next epoch (it used to find no batch left and loop for ever), and stops there again.
+    per_epoch = int(re.search(r"train batches: (\d+) per epoch", log_text).group(1))
+    edge = tmp_path / "edge"
+    blow_up = ["trainer.lr=3e38", "trainer.betas=[0.0,0.999]", "trainer.schedule=constant", "trainer.warmup_steps=0",
+               "trainer.clip_grad_norm=null"]
+    done = subprocess.run(command(edge, multi30k_slice, tmp_path / "cache", *blow_up, f"trainer.max_bad_steps={per_epoch - 1}"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and f"the last on epoch 1 batch {per_epoch};" in done.stderr, done.stderr[-2000:]
+    progress = torch.load(edge / "checkpoints" / "last.pt", weights_only=True)["progress"]
+    assert (progress["epoch"], progress["batches_done"], progress["step"]) == (1, 0, 1)
+    again = subprocess.run(command(edge, multi30k_slice, tmp_path / "cache", *blow_up, "trainer.max_bad_steps=2", "trainer.resume=auto"),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and "the last on epoch 2 batch 2;" in again.stderr, again.stderr[-2000:]
 
 
 def test_keep_last_keeps_the_newest_evaluations_checkpoints(multi30k_slice, tmp_path):

@@ -150,14 +150,18 @@ class Trainer:
         path = resume_path(self.out_dir, self.tc.resume)
         if path is None:
             return False
-        for stale in self.ckpt_dir.glob(".*.pt.*.tmp"):  # a save cut short by SIGKILL or a crash: never renamed into place
-            log.info("removing %s, the temporary file of a save that did not finish", stale)
-            stale.unlink()
         payload = load_checkpoint(path)
         changed = config_changes(payload["model_config"], asdict(self.model_cfg))
         if changed:
             raise CheckpointError(
                 f"checkpoint {path} was trained with another model config: {changed}; resume with the same model.* settings"
+            )
+        changed = config_changes(batch_order_settings(payload.get("config", {})),
+                                 batch_order_settings(OmegaConf.to_container(self.cfg, resolve=True)), prefix="")
+        if changed:
+            raise CheckpointError(
+                f"checkpoint {path} was trained with other settings that decide the batches: {changed}; an exact resume "
+                "needs the same ones (to change them, start a new run)"
             )
         if payload["tokenizer"] != self.data.tokenizer.state_dict():
             raise CheckpointError(f"checkpoint {path} was trained with another vocabulary: check the data.* settings")
@@ -169,6 +173,9 @@ class Trainer:
         if path.parent.resolve() != self.ckpt_dir.resolve() and best.is_file():
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(best, self.ckpt_dir / "best.pt")  # the best weights so far belong to this run too
+        for stale in self.ckpt_dir.glob(".*.pt.*.tmp"):  # a save cut short by SIGKILL or a crash: never renamed into place
+            log.info("removing %s, the temporary file of a save that did not finish", stale)
+            stale.unlink()
         self.progress.bad_in_a_row = 0  # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.progress.step, self.progress.epoch + 1, self.progress.batches_done)
         return True
@@ -199,7 +206,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return {"loss": total / n_tokens, "lr": lr, "grad_norm": grad_norm, "tokens": n_tokens, "skipped": False}
 
-    def skip_bad_step(self, stats: Dict[str, float], where: str) -> None:
+    def skip_bad_step(self, stats: Dict[str, float], where: str, start: float) -> None:
         """Count a skipped update; too many in a row stop the run, with last.pt from before them."""
         p = self.progress
         p.skipped_steps += 1
@@ -208,15 +215,16 @@ class Trainer:
                     "loss" if not math.isfinite(stats["loss"]) else "gradient", where, p.bad_in_a_row, p.skipped_steps)
         self.board.scalars({"train/skipped_steps": p.skipped_steps}, p.step)
         if p.bad_in_a_row >= self.tc.max_bad_steps:
-            self.save_last()
+            self.save_last(start)
             raise TrainingError(
                 f"{p.bad_in_a_row} steps in a row with a non-finite loss or gradient (trainer.max_bad_steps), the last on "
                 f"{where}; {self.ckpt_dir / 'last.pt'} holds the weights of step {p.step}, before them: lower trainer.lr "
                 "or check the data, then resume with trainer.resume=auto"
             )
 
-    def save_last(self) -> Path:
+    def save_last(self, start: float) -> Path:
         """Save the state as it is now (mid-epoch too) as ``last.pt``."""
+        self.progress.train_seconds = time.perf_counter() - start
         path = self.ckpt_dir / "last.pt"
         save_checkpoint(self.checkpoint(), path)
         return path
@@ -264,6 +272,9 @@ class Trainer:
         p, tc = self.progress, self.tc
         self.sampler.set_epoch(p.epoch)
         batches = list(self.sampler)
+        if p.batches_done == len(batches):  # saved at the very end of an epoch: the next one starts
+            p.epoch, p.batches_done = p.epoch + 1, 0
+            return None
         if p.batches_done > len(batches):
             raise CheckpointError(
                 f"the resumed run had done {p.batches_done} batches of epoch {p.epoch + 1}, which now has {len(batches)}: "
@@ -278,8 +289,10 @@ class Trainer:
             stats = self.train_step([collate([train[i] for i in indices]) for indices in group])
             seconds = time.perf_counter() - tick
             p.batches_done += len(group)
+            if p.batches_done >= len(batches):
+                p.epoch, p.batches_done = p.epoch + 1, 0
             if stats["skipped"]:
-                self.skip_bad_step(stats, where)  # the step counter stays: no evaluation is due
+                self.skip_bad_step(stats, where, start)  # the step counter stays: no evaluation is due
             else:
                 p.bad_in_a_row = 0
                 p.step_seconds += seconds
@@ -289,8 +302,6 @@ class Trainer:
                 if p.step % tc.log_every == 0:
                     self.log_line(stats, window)
                     window = {"loss": 0.0, "count": 0, "tokens": 0, "seconds": 0.0}
-            if p.batches_done >= len(batches):
-                p.epoch, p.batches_done = p.epoch + 1, 0
             if tc.eval_every is not None and p.step % tc.eval_every == 0 and not stats["skipped"]:
                 self.evaluate(start)
             elif tc.eval_every is None and p.batches_done == 0:
@@ -308,8 +319,7 @@ class Trainer:
         if self.stop is None or self.stop.signum is None:
             return
         p = self.progress
-        p.train_seconds = time.perf_counter() - start
-        path = self.save_last()
+        path = self.save_last(start)
         self.board.flush()
         raise Interrupted(
             f"{self.stop.name}: stopped at step {p.step} (epoch {p.epoch + 1}, batch {p.batches_done}), saved {path}; "
@@ -377,15 +387,14 @@ class Trainer:
         log.info("model: %s, %s parameters, device %s, %d threads", self.model_cfg.name, f"{self.params:,}", self.device, torch.get_num_threads())
         start = time.perf_counter() - self.progress.train_seconds
         reason = self.should_stop(start)
-        with StopRequest() as self.stop:
-            while reason is None:
-                reason = self.train_epoch(start)
-                self.progress.train_seconds = time.perf_counter() - start
-        self.stop = None
+        while reason is None:
+            reason = self.train_epoch(start)
+            self.progress.train_seconds = time.perf_counter() - start
         self.progress.train_seconds = time.perf_counter() - start
         if not self.progress.history or self.progress.history[-1]["step"] != self.progress.step:
             self.evaluate(start)  # stopped between evaluations: score (and save) the last weights too
             self.progress.train_seconds = time.perf_counter() - start
+        self.check_signal(start)  # a signal during that last evaluation
         return reason  # the last evaluation, at this step, wrote last.pt
 
     def test(self) -> Dict[str, Dict[str, float]]:
@@ -396,6 +405,11 @@ class Trainer:
         batch_tokens = self.tc.eval_batch_tokens or self.tc.batch_tokens
         results = {}
         for split in self.data.test_splits:
+            if self.stop is not None and self.stop.signum is not None:  # training is over and saved: nothing to add to last.pt
+                raise Interrupted(
+                    f"{self.stop.name}: stopped before decoding test split {split}; training is finished ({self.ckpt_dir / 'last.pt'}, "
+                    f"step {self.progress.step}); decode the test splits with: python train.py trainer.resume=auto "
+                    f"hydra.run.dir={self.out_dir} (and the same overrides)", self.stop.signum)
             tick = time.perf_counter()
             hyps = translate_split(self.model, self.data.datasets[split], self.data.tokenizer, batch_tokens, self.device,
                                    self.tc.beam_size, self.tc.length_penalty, self.autocast)
@@ -436,17 +450,18 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Trainer:
 
 
 def run(trainer: Trainer) -> Dict[str, Any]:
-    """Train a prepared run; write checkpoints, TensorBoard events, hypotheses and ``results.json``
-    into its folder; return the results."""
-    out_dir, p = trainer.out_dir, trainer.progress
+    """Train a prepared run, decode the test splits with the best weights and write checkpoints,
+    TensorBoard events, hypotheses and ``results.json`` into its folder; return the results.
+    SIGINT / SIGTERM stop it cleanly from here on (``training/signals.py``)."""
     # A resumed run appends to its TensorBoard run; events its previous life logged after the checkpoint are dropped.
-    trainer.board = Board(out_dir / "tb", purge_step=p.step + 1 if trainer.resumed else None)
+    trainer.board = Board(trainer.out_dir / "tb", purge_step=trainer.progress.step + 1 if trainer.resumed else None)
     try:
-        reason = trainer.fit()
-        log.info("training stopped: %s", reason)
-        test = trainer.test()
+        with StopRequest() as trainer.stop:
+            reason = trainer.fit()
+            log.info("training stopped: %s", reason)
+            test = trainer.test()
         results = trainer.results(test)
-        with AtomicFile(out_dir / "results.json") as out:
+        with AtomicFile(trainer.out_dir / "results.json") as out:
             out.write(json.dumps(results, indent=2) + "\n")
         metrics = {"hparam/valid_bleu": results["valid"]["bleu"] or 0.0}
         metrics.update({f"hparam/{split}_bleu": s["bleu"] for split, s in test.items()})
@@ -455,6 +470,7 @@ def run(trainer: Trainer) -> Dict[str, Any]:
         log.info("summary: %s", summary_line(results))
         return results
     finally:
+        trainer.stop = None
         trainer.board.close()
 
 
@@ -463,10 +479,20 @@ def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
     return run(prepare(cfg, out_dir))
 
 
-def config_changes(saved: Dict[str, Any], now: Dict[str, Any], prefix: str = "model") -> str:
+def config_changes(saved: Dict[str, Any], now: Dict[str, Any], prefix: str = "model.") -> str:
     """The keys whose values differ, as ``model.d_model (checkpoint 256, now 512)``; empty when none."""
     keys = sorted(set(saved) | set(now))
-    return ", ".join(f"{prefix}.{k} (checkpoint {saved.get(k)!r}, now {now.get(k)!r})" for k in keys if saved.get(k) != now.get(k))
+    return ", ".join(f"{prefix}{k} (checkpoint {saved.get(k)!r}, now {now.get(k)!r})" for k in keys if saved.get(k) != now.get(k))
+
+
+NOT_BATCH_ORDER = ("data.root", "data.cache_dir")  # where the data lies, not what it is
+
+
+def batch_order_settings(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The flattened settings that decide each epoch's batches: the data, the batching and the seed."""
+    flat = flat_params(config)
+    return {k: v for k, v in flat.items()
+            if (k.startswith("data.") and k not in NOT_BATCH_ORDER) or k in ("seed", "trainer.batch_tokens", "trainer.accumulate")}
 
 
 def keep_recent(folder: Path, step: int, keep: int) -> None:
@@ -475,8 +501,9 @@ def keep_recent(folder: Path, step: int, keep: int) -> None:
     kept.unlink(missing_ok=True)
     try:
         os.link(folder / "last.pt", kept)
-    except OSError:  # no hard links on this file system
-        shutil.copyfile(folder / "last.pt", kept)
+    except OSError:  # no hard links on this file system: a copy, atomic like every checkpoint write
+        with open(folder / "last.pt", "rb") as source, AtomicFile(kept, "wb") as out:
+            shutil.copyfileobj(source, out)
     for old in sorted(folder.glob("step_*.pt"))[:-keep]:
         old.unlink()
 
