@@ -14,7 +14,7 @@ from conftest import ROOT, TINY_RNN, scalars
 def command(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):
     return [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", f"data.root={slice_dir}",
             f"data.cache_dir={cache}", "data.vocab_size=500", *TINY_RNN, "trainer.batch_tokens=1000",
-            "trainer.log_every=1", "trainer.eval_every=20", "trainer.max_steps=40", "trainer.max_epochs=null",
+            "trainer.log_every=1", "trainer.eval_every=12", "trainer.max_steps=24", "trainer.max_epochs=null",
             "trainer.attention_samples=0", "trainer.beam_size=1", "trainer.num_threads=1", *extra]
 
 
@@ -29,7 +29,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_
     split = tmp_path / "split"
     process = subprocess.Popen(command(split, multi30k_slice, cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in process.stdout:  # stop in the middle of the first epoch, between evaluations
-        if " step 13/" in line:
+        if " step 7/" in line:
             process.send_signal(signal.SIGTERM)
             break
     rest = process.communicate(timeout=600)[0]
@@ -37,7 +37,7 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_
     assert "resume with: python train.py trainer.resume=auto" in rest
     resumed = subprocess.run(command(split, multi30k_slice, cache, "trainer.resume=auto"), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert losses(split) == losses(tmp_path / "whole") and len(losses(split)) == 40
+    assert losses(split) == losses(tmp_path / "whole") and len(losses(split)) == 24
     a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)["model"]
     b = torch.load(split / "checkpoints" / "last.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)  # bitwise: same ops, same order, same thread count on CPU
@@ -62,8 +62,8 @@ def test_a_second_signal_exits_at_once_and_the_previous_last_pt_survives(multi30
     run = tmp_path / "run"
     process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=3"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(process, "valid step 6:")
-    wait_for(process, " step 8/")
+    wait_for(process, "valid step 3:")
+    wait_for(process, " step 5/")
     process.send_signal(signal.SIGSTOP)
     saved = (run / "checkpoints" / "last.pt").read_bytes()
     process.send_signal(signal.SIGINT)
@@ -73,7 +73,7 @@ def test_a_second_signal_exits_at_once_and_the_previous_last_pt_survives(multi30
     assert process.returncode == 128 + signal.SIGTERM, rest[-2000:]
     assert "SIGINT: stopping after the current step" in rest and "second SIGTERM: exiting at once" in rest
     assert (run / "checkpoints" / "last.pt").read_bytes() == saved
-    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"] >= 6
+    assert torch.load(run / "checkpoints" / "last.pt", weights_only=True)["progress"]["step"] >= 3
 
 
 WRITER = """
@@ -90,16 +90,16 @@ while True:  # 16 MB checkpoints, as fast as the disk takes them
 
 
 def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
-    """The real save_checkpoint, killed with SIGKILL at 12 points in its save loop: each time the
+    """The real save_checkpoint, killed with SIGKILL at 6 points in its save loop: each time the
     checkpoint in place loads whole, holds the last step reported saved (or the one being saved
     when the rename had happened), and the writer goes on from it."""
     from training.checkpoint import load_checkpoint
 
     path = tmp_path / "last.pt"
-    for attempt in range(12):
+    for attempt in range(6):
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
         reported = int(writer.stdout.readline())
-        time.sleep(0.013 * attempt)  # spread the kills over the save's phases
+        time.sleep(0.029 * attempt)  # spread the kills over the save's phases
         writer.kill()
         writer.wait(timeout=60)
         payload = load_checkpoint(path)
@@ -111,15 +111,15 @@ def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
 
 def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint(multi30k_slice, tmp_path):
     run = tmp_path / "run"
-    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2"),
+    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.max_steps=10"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    wait_for(process, "valid step 6:")
-    wait_for(process, " step 7/")
+    wait_for(process, "valid step 4:")
+    wait_for(process, " step 5/")
     process.kill()
     process.wait(timeout=60)
     stale = run / "checkpoints" / ".last.pt.k1ll3d.tmp"  # what a kill inside a save leaves (the loop above rarely hits one)
     stale.write_bytes(b"half a checkpoint")
-    resumed = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.resume=auto"),
+    resumed = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.max_steps=10", "trainer.resume=auto"),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout + resumed.stderr
@@ -166,10 +166,10 @@ def test_non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run(multi30
 
 def test_keep_last_keeps_the_newest_evaluations_checkpoints(multi30k_slice, tmp_path):
     run = tmp_path / "run"
-    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=5", "trainer.max_steps=20",
+    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=3", "trainer.max_steps=12",
                                   "trainer.keep_last=2"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     kept = sorted(p.name for p in (run / "checkpoints").glob("step_*.pt"))
-    assert kept == ["step_0000015.pt", "step_0000020.pt"]
-    assert torch.load(run / "checkpoints" / "step_0000015.pt", weights_only=True)["progress"]["step"] == 15
-    assert (run / "checkpoints" / "step_0000020.pt").read_bytes() == (run / "checkpoints" / "last.pt").read_bytes()
+    assert kept == ["step_0000009.pt", "step_0000012.pt"]
+    assert torch.load(run / "checkpoints" / "step_0000009.pt", weights_only=True)["progress"]["step"] == 9
+    assert (run / "checkpoints" / "step_0000012.pt").read_bytes() == (run / "checkpoints" / "last.pt").read_bytes()
