@@ -18,6 +18,21 @@ def scalars(tb_dir: Path, tag: str):
     return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder this process cannot write into; the test is skipped for a user that ignores
+    permissions (root), where the folder stays writable."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("this user can write into read-only folders")
+        yield locked
+    finally:
+        locked.chmod(0o700)
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir(tmp_path_factory) -> Path:
     """A folder of Multi30k in the raw layout: ``$MULTI30K_DIR``, else ``../shared/data/multi30k``
