@@ -5,9 +5,13 @@ happens there), records the config in ``.hydra/`` and trains. Hydra's own ``.hyd
 off (``hydra.output_subdir: null``) because it comes before any check: a refused run must leave
 the folder of an earlier run as it was.
 """
+import atexit
 import logging
+import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -20,6 +24,8 @@ from data.errors import DataError
 from training.checkpoint import CheckpointError
 from training.config import register_configs
 from training.signals import INTERRUPTED, Interrupted
+from training import distributed
+from training.device import pick_device
 from training.files import AtomicFile
 from training.run_folder import RunFolderError
 from training.trainer import TrainingError, prepare, run
@@ -40,14 +46,43 @@ def record_config(out_dir: Path, cfg: DictConfig) -> None:
             out.write(OmegaConf.to_yaml(node))
 
 
+def agree_on_run_dir(cfg: DictConfig, out_dir: Path) -> Path:
+    """Under torchrun, join the process group and take rank 0's run folder (each process's Hydra
+    made its own; only rank 0's is used)."""
+    distributed.export_job_ranks()
+    world = distributed.world_from_env()
+    if not world.distributed:
+        return out_dir
+    if not world.main:  # quiet: warnings and errors only, and never into rank 0's train.log
+        root = logging.getLogger()
+        root.setLevel(logging.WARNING)
+        for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+            root.removeHandler(handler)
+    device = pick_device(cfg.device, world.local_rank)
+    distributed.init(world, device)
+    return Path(distributed.broadcast(str(out_dir), device))
+
+
+def quiet_other_ranks() -> None:
+    """Ranks other than 0 of a torchrun job write nothing: no log file, no .hydra, and a
+    throw-away Hydra folder (removed at exit) instead of a second run folder."""
+    if int(os.environ.get("RANK", 0)) == 0:
+        return
+    scratch = tempfile.mkdtemp(prefix="nmt-rank-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    sys.argv += ["hydra/job_logging=disabled", "hydra/hydra_logging=disabled", f"hydra.run.dir={scratch}"]
+
+
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     hydra_cfg = HydraConfig.get()
     try:
-        out_dir = Path(hydra_cfg.runtime.output_dir)
+        out_dir = agree_on_run_dir(cfg, Path(hydra_cfg.runtime.output_dir))
         trainer = prepare(cfg, out_dir)
-        record_config(out_dir, cfg)
+        if trainer.world.main:
+            record_config(out_dir, cfg)
         results = run(trainer)
+        distributed.close()
     except KeyboardInterrupt:  # Ctrl-C while the data loads: no training state exists yet
         print("interrupted: SIGINT before training started; nothing was saved", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
@@ -61,8 +96,9 @@ def main(cfg: DictConfig) -> float:
             raise  # Hydra records the failed job and goes on with the sweep (exit code 1 at the end)
         print(f"error: {error}", file=sys.stderr)
         sys.exit(1)
-    return results["valid"]["bleu"]
+    return results["valid"]["bleu"] if results else None
 
 
 if __name__ == "__main__":
+    quiet_other_ranks()
     main()

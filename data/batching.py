@@ -114,8 +114,9 @@ class TokenBucketSampler(Sampler[List[int]]):
     batches in that order; ``Batch.indices`` gives the original positions back.
 
     Data parallel: rank ``r`` of ``world_size`` takes batches ``r, r + world_size, ...`` of the
-    epoch's list, so the shards are disjoint and together cover every pair once. Ranks may get one
-    batch more or less than each other.
+    epoch's list, so the shards are disjoint. Every rank gets the same number of batches (a rank with
+    one more would wait for the others at its extra gradient all-reduce): the last
+    ``len % world_size`` batches of the shuffled list sit the epoch out, other ones every epoch.
     """
 
     def __init__(
@@ -159,11 +160,17 @@ class TokenBucketSampler(Sampler[List[int]]):
             rng.shuffle(batches)
         return batches
 
+    def shard(self) -> List[List[int]]:
+        """This rank's batches of the current epoch."""
+        batches = self.epoch_batches()
+        usable = len(batches) - len(batches) % self.world_size
+        return batches[:usable][self.rank :: self.world_size]
+
     def __iter__(self):
-        return iter(self.epoch_batches()[self.rank :: self.world_size])
+        return iter(self.shard())
 
     def __len__(self) -> int:
-        return len(self.epoch_batches()[self.rank :: self.world_size])
+        return len(self.shard())
 
 
 def padding_ratio(sampler: TokenBucketSampler) -> float:

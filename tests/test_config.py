@@ -138,3 +138,14 @@ def test_comparison_experiments_sweep_both_families_on_one_direction(experiment,
     assert cfg.hydra.sweeper.params == {"model": "rnn,transformer"}
     assert cfg.hydra.sweep.dir.startswith(f"multirun/{experiment}/")
     assert experiment in options("experiment")
+
+
+def test_the_slurm_launcher_config_composes():
+    """conf/hydra/launcher/slurm.yaml on top of hydra-submitit-launcher's submitit_slurm (optional)."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (optional)")
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "model=rnn"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.timeout_min) == (1, 1, 240)

@@ -102,3 +102,10 @@ def flat_params(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
         else:
             flat[name] = str(value)
     return flat
+
+
+class NullBoard:
+    """A Board that writes nothing: the ranks of a data-parallel run other than rank 0."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None

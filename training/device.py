@@ -2,10 +2,15 @@
 import torch
 
 
-def pick_device(name: str) -> torch.device:
-    """``auto`` (CUDA when there is one, else the CPU) or a torch device name such as ``cpu``, ``cuda:1``."""
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    """``auto`` (CUDA when there is one, else the CPU) or a torch device name such as ``cpu``, ``cuda:1``.
+    Under torchrun, ``auto`` and ``cuda`` mean this process's GPU, ``cuda:<LOCAL_RANK>``."""
+    if name in ("auto", "cuda") and torch.cuda.is_available():
+        device = torch.device("cuda", local_rank if local_rank < torch.cuda.device_count() else 0)
+        torch.cuda.set_device(device)
+        return device
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cpu")
     try:
         device = torch.device(name)
     except RuntimeError:

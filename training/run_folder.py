@@ -5,6 +5,7 @@ is refused before anything is written.
 ``hydra.callbacks``), before Hydra creates the folder, opens ``train.log`` or does anything else
 there; and from ``training.trainer.prepare`` (in-process callers and each job of a sweep).
 """
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -65,6 +66,8 @@ class RunFolderCheck(Callback):
     """Hydra callback: refuse a run (one ``error:`` line, exit 1) before Hydra touches its folder."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if int(os.environ.get("RANK", 0)) > 0:  # torchrun: rank 0 checks the run folder, the others use its
+            return
         folder = Path(str(config.hydra.run.dir))
         self._refuse_on_error(lambda: (check_run_folder(folder, config.trainer.get("resume")),
                                        check_writable(folder, "hydra.run.dir")))

@@ -27,10 +27,12 @@ from data.corpus import TRAIN, VALID
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
 from data.specials import PAD_ID
 from models.build import build_model, count_parameters
-from training.board import Board, flat_params
+from training.board import Board, NullBoard, flat_params
 from training.checkpoint import CheckpointError, load_checkpoint, rng_states, save_checkpoint, set_rng_states, to_cpu
 from training.config import TrainerConfig, model_config
+from training import distributed
 from training.device import pick_device
+from training.distributed import world_from_env
 from models.search import Hypothesis
 from training.files import AtomicFile
 from training.evaluate import decode_ids, detokenize, output_attention, src_mask_of, translate_split, validation_loss
@@ -65,9 +67,11 @@ class Progress:
 
 
 def set_threads(tc: TrainerConfig, device: torch.device) -> None:
+    """CPU threads: ``trainer.num_threads``, else the cores this process may use, shared by the
+    ranks on this machine (``LOCAL_WORLD_SIZE`` under torchrun)."""
     if device.type == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        torch.set_num_threads(tc.num_threads or cores)
+        torch.set_num_threads(tc.num_threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
 
 
 def check_trainer_config(tc: TrainerConfig) -> None:
@@ -111,10 +115,13 @@ class Trainer:
         check_keys(cfg.trainer, TrainerConfig, "trainer")
         self.tc: TrainerConfig = OmegaConf.to_object(cfg.trainer)
         check_trainer_config(self.tc)
-        self.device = pick_device(cfg.device)
+        self.world = world_from_env()
+        self.device = pick_device(cfg.device, self.world.local_rank)
         set_threads(self.tc, self.device)
-        seed_everything(cfg.seed)
-        self.data: PreparedData = prepare_data(data_config(cfg.data))
+        distributed.init(self.world, self.device)
+        seed_everything(cfg.seed)  # the same initial weights on every rank (DDP checks that they agree)
+        with distributed.main_first(self.world):  # rank 0 trains and caches the tokenizer; the others then read it
+            self.data: PreparedData = prepare_data(data_config(cfg.data))
         self.model_cfg = model_config(cfg.model)
         tok = self.data.tokenizer
         if not tok.joint and self.model_cfg.share_embeddings:
@@ -124,9 +131,14 @@ class Trainer:
         self.params = count_parameters(self.model)
         self.optimizer = make_optimizer(self.model, self.tc)
         self.autocast = autocast_for(self.device, self.tc)
-        self.step_fn = torch.compile(self.model) if self.tc.compile else self.model
+        # DDP shares the parameters of self.model (saved, evaluated) and all-reduces their gradients.
+        self.ddp = distributed.wrap(self.model, self.world, self.device)
+        self.step_fn = torch.compile(self.ddp) if self.tc.compile else self.ddp
+        if self.world.distributed:
+            torch.manual_seed(cfg.seed * 1000 + self.world.rank)  # each rank its own dropout masks
         train = self.data.datasets[TRAIN]
-        self.sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), self.tc.batch_tokens, seed=cfg.seed)
+        self.sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), self.tc.batch_tokens, seed=cfg.seed,
+                                          rank=self.world.rank, world_size=self.world.world_size)
         self.progress = Progress()
         self.ckpt_dir = out_dir / "checkpoints"
         self.board: Optional[Board] = None
@@ -170,10 +182,10 @@ class Trainer:
         self.progress = Progress(**payload["progress"])
         set_rng_states(payload["rng"])
         best = path.parent / "best.pt"
-        if path.parent.resolve() != self.ckpt_dir.resolve() and best.is_file():
+        if self.world.main and path.parent.resolve() != self.ckpt_dir.resolve() and best.is_file():
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(best, self.ckpt_dir / "best.pt")  # the best weights so far belong to this run too
-        for stale in self.ckpt_dir.glob(".*.pt.*.tmp"):  # a save cut short by SIGKILL or a crash: never renamed into place
+        for stale in self.ckpt_dir.glob(".*.pt.*.tmp") if self.world.main else []:  # a save cut short by SIGKILL or a crash: never renamed into place
             log.info("removing %s, the temporary file of a save that did not finish", stale)
             stale.unlink()
         self.progress.bad_in_a_row = 0  # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
@@ -184,15 +196,19 @@ class Trainer:
     def train_step(self, batches: List[Batch]) -> Dict[str, float]:
         """One optimizer step over ``batches`` (gradient accumulation); loss normalised per target token."""
         self.model.train()
-        n_tokens = sum(b.n_tgt_tokens for b in batches)
+        # Normalised by the target tokens of the whole step, every rank's batches together: DDP
+        # averages the ranks' gradients, hence the factor world_size.
+        n_tokens = int(distributed.total(sum(b.n_tgt_tokens for b in batches), self.device))
         total = 0.0
-        for batch in batches:
+        for k, batch in enumerate(batches):
             batch = batch.to(self.device)
-            with self.autocast():
-                logits, _ = self.step_fn(batch.src, src_mask_of(batch), batch.tgt_in)  # (B, T, V)
-            loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, self.tc.label_smoothing)
-            (loss / n_tokens).backward()
+            with distributed.no_sync(self.ddp, last=k == len(batches) - 1):  # one all-reduce per step
+                with self.autocast():
+                    logits, _ = self.step_fn(batch.src, src_mask_of(batch), batch.tgt_in)  # (B, T, V)
+                loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, self.tc.label_smoothing)
+                (loss / n_tokens * self.world.world_size).backward()
             total += float(loss.detach())
+        total = distributed.total(total, self.device)  # every rank sees the same loss: the same skip decisions
         clip = self.tc.clip_grad_norm if self.tc.clip_grad_norm is not None else float("inf")
         grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), clip))
         if not (math.isfinite(total) and math.isfinite(grad_norm)):
@@ -223,10 +239,11 @@ class Trainer:
             )
 
     def save_last(self, start: float) -> Path:
-        """Save the state as it is now (mid-epoch too) as ``last.pt``."""
+        """Save the state as it is now (mid-epoch too) as ``last.pt`` (rank 0 writes it)."""
         self.progress.train_seconds = time.perf_counter() - start
         path = self.ckpt_dir / "last.pt"
-        save_checkpoint(self.checkpoint(), path)
+        if self.world.main:
+            save_checkpoint(self.checkpoint(), path)
         return path
 
     def should_stop(self, start: float) -> Optional[str]:
@@ -307,16 +324,23 @@ class Trainer:
             elif tc.eval_every is None and p.batches_done == 0:
                 self.evaluate(start)
             self.check_signal(start)
-            reason = self.should_stop(start)
+            reason = self.agreed_stop(start)
             if reason:
                 return reason
             if p.batches_done == 0:
                 return None  # the epoch is over: the next one has its own batch order
         return None
 
+    def agreed_stop(self, start: float) -> Optional[str]:
+        """``should_stop`` as rank 0 sees it (it alone holds the scores), on every rank."""
+        return distributed.broadcast(self.should_stop(start), self.device)
+
     def check_signal(self, start: float) -> None:
         """After a step: when a signal asked to stop, save last.pt where training stands and stop."""
-        if self.stop is None or self.stop.signum is None:
+        if self.stop is None:
+            return
+        self.stop.signum = distributed.first_signal(self.stop.signum, self.device)  # one rank's signal stops them all
+        if self.stop.signum is None:
             return
         p = self.progress
         path = self.save_last(start)
@@ -329,6 +353,10 @@ class Trainer:
 
     # ----- evaluation -----
     def evaluate(self, start: float) -> None:
+        """Validation loss, greedy BLEU and chrF, images, checkpoints: on rank 0 only (the other
+        ranks wait at the next collective; the decision to stop reaches them by broadcast)."""
+        if not self.world.main:
+            return
         p, tc = self.progress, self.tc
         tick = time.perf_counter()
         valid = self.data.datasets[VALID]
@@ -385,8 +413,12 @@ class Trainer:
         stats = dict(self.data.stats, batches=batch_stats(self.sampler))
         log.info("%s", format_stats(stats))
         log.info("model: %s, %s parameters, device %s, %d threads", self.model_cfg.name, f"{self.params:,}", self.device, torch.get_num_threads())
+        if self.world.distributed:
+            log.info("data parallel: world of %d ranks (%s), each with batches of %d tokens: %d tokens per step",
+                     self.world.world_size, "NCCL" if self.device.type == "cuda" else "gloo", self.tc.batch_tokens,
+                     self.tc.batch_tokens * self.tc.accumulate * self.world.world_size)
         start = time.perf_counter() - self.progress.train_seconds
-        reason = self.should_stop(start)
+        reason = self.agreed_stop(start)
         while reason is None:
             reason = self.train_epoch(start)
             self.progress.train_seconds = time.perf_counter() - start
@@ -398,7 +430,10 @@ class Trainer:
         return reason  # the last evaluation, at this step, wrote last.pt
 
     def test(self) -> Dict[str, Dict[str, float]]:
-        """Load the best checkpoint; beam-decode every test split into ``<split>.hyp``; score them."""
+        """Load the best checkpoint; beam-decode every test split into ``<split>.hyp``; score them
+        (rank 0; the other ranks have nothing to do)."""
+        if not self.world.main:
+            return {}
         best = self.ckpt_dir / "best.pt"
         if best.is_file():
             self.model.load_state_dict(load_checkpoint(best)["model"])
@@ -449,17 +484,22 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Trainer:
     return trainer
 
 
-def run(trainer: Trainer) -> Dict[str, Any]:
+def run(trainer: Trainer) -> Optional[Dict[str, Any]]:
     """Train a prepared run, decode the test splits with the best weights and write checkpoints,
     TensorBoard events, hypotheses and ``results.json`` into its folder; return the results.
     SIGINT / SIGTERM stop it cleanly from here on (``training/signals.py``)."""
     # A resumed run appends to its TensorBoard run; events its previous life logged after the checkpoint are dropped.
-    trainer.board = Board(trainer.out_dir / "tb", purge_step=trainer.progress.step + 1 if trainer.resumed else None)
+    if trainer.world.main:
+        trainer.board = Board(trainer.out_dir / "tb", purge_step=trainer.progress.step + 1 if trainer.resumed else None)
+    else:
+        trainer.board = NullBoard()  # the other ranks of a data-parallel run write nothing
     try:
         with StopRequest() as trainer.stop:
             reason = trainer.fit()
             log.info("training stopped: %s", reason)
             test = trainer.test()
+        if not trainer.world.main:
+            return None
         results = trainer.results(test)
         with AtomicFile(trainer.out_dir / "results.json") as out:
             out.write(json.dumps(results, indent=2) + "\n")
