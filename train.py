@@ -88,7 +88,8 @@ def main(cfg: DictConfig) -> float:
         sys.exit(128 + signal.SIGINT)
     except Interrupted as stop:
         log.warning("%s", stop)
-        print(f"interrupted: {stop}", file=sys.stderr)
+        if distributed.world_from_env().main:  # the other ranks of a torchrun job stopped with it, quietly
+            print(f"interrupted: {stop}", file=sys.stderr)
         sys.exit(INTERRUPTED)  # not 1: a stop to resume from, not a failure (ends a sweep too)
     except (DataError, CheckpointError, TrainingError, RunFolderError, ConfigKeyError, ValueError) as error:
         log.error("error: %s", error)
