@@ -9,6 +9,14 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_RNN = ["model=rnn", "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32"]  # 50k parameters
 
 
+def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
+    """``train.py`` overrides of a quick run of the tiny RNN in ``run_dir``: no epoch limit, no
+    attention images, greedy test decoding, one thread; ``extra`` sets the steps and the rest."""
+    return [f"hydra.run.dir={run_dir}", f"data.root={data_root}", f"data.cache_dir={cache}", "data.vocab_size=500",
+            *TINY_RNN, "trainer.max_epochs=null", "trainer.attention_samples=0", "trainer.beam_size=1",
+            "trainer.num_threads=1", *extra]
+
+
 def scalars(tb_dir: Path, tag: str):
     """``{step: value}`` of one scalar tag in a run's TensorBoard events (all of them kept)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

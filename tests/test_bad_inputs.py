@@ -15,15 +15,12 @@ from typing import Dict
 import pytest
 import torch
 
-from conftest import ROOT, TINY_RNN
-
-TINY = [*TINY_RNN, "data.vocab_size=500", "trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.max_epochs=null", "trainer.eval_every=3",
-        "trainer.attention_samples=0", "trainer.beam_size=1", "trainer.num_threads=1"]
+from conftest import ROOT, tiny_run
 
 
 def train(run_dir: Path, data_root: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", f"data.root={data_root}",
-                           f"data.cache_dir={cache}", *TINY, *extra], capture_output=True, text=True, timeout=300)
+    args = tiny_run(run_dir, data_root, cache, "trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.eval_every=3", *extra)
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, timeout=300)
 
 
 def snapshot(folder: Path) -> Dict[str, bytes]:

@@ -8,16 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TINY_RNN, scalars
+from conftest import ROOT, scalars, tiny_run
 
 STEPS = 6
 
 
 def overrides(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):
-    return [f"hydra.run.dir={run_dir}", f"data.root={slice_dir}", f"data.cache_dir={cache}", "data.vocab_size=500",
-            *TINY_RNN, "model.dropout=0.0", "trainer.schedule=constant", "trainer.warmup_steps=0", "trainer.lr=0.01",
-            "trainer.log_every=1", f"trainer.max_steps={STEPS}", "trainer.max_epochs=null",
-            "trainer.attention_samples=0", "trainer.beam_size=1", "trainer.num_threads=1", *extra]
+    return tiny_run(run_dir, slice_dir, cache, "model.dropout=0.0", "trainer.schedule=constant", "trainer.warmup_steps=0",
+                    "trainer.lr=0.01", "trainer.log_every=1", f"trainer.max_steps={STEPS}", *extra)
 
 
 def torchrun(n: int, *args: str):

@@ -8,14 +8,12 @@ from pathlib import Path
 
 import torch
 
-from conftest import ROOT, TINY_RNN, scalars
+from conftest import ROOT, scalars, tiny_run
 
 
 def command(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):
-    return [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", f"data.root={slice_dir}",
-            f"data.cache_dir={cache}", "data.vocab_size=500", *TINY_RNN, "trainer.batch_tokens=1000",
-            "trainer.log_every=1", "trainer.eval_every=12", "trainer.max_steps=24", "trainer.max_epochs=null",
-            "trainer.attention_samples=0", "trainer.beam_size=1", "trainer.num_threads=1", *extra]
+    return [sys.executable, str(ROOT / "train.py"), *tiny_run(run_dir, slice_dir, cache, "trainer.batch_tokens=1000",
+            "trainer.log_every=1", "trainer.eval_every=12", "trainer.max_steps=24", *extra)]
 
 
 def losses(run_dir: Path):

@@ -11,7 +11,7 @@ import datetime
 import os
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -120,10 +120,11 @@ def broadcast(value: Any, device: torch.device) -> Any:
     return box[0]
 
 
-def first_signal(signum: Optional[int], device: torch.device) -> Optional[int]:
-    """A stop signal any rank received (the highest number), or None: every rank stops together."""
+def agree_to_stop(signum: Optional[int], stopping: bool, device: torch.device) -> Tuple[Optional[int], bool]:
+    """One all-reduce (max) of the control flags of a step: a stop signal any rank received (the
+    highest number), and whether a rank (rank 0, which holds the scores and the limits) stops."""
     if not active():
-        return signum
-    tensor = torch.tensor([signum or 0], dtype=torch.int64, device=device)
+        return signum, stopping
+    tensor = torch.tensor([signum or 0, int(stopping)], dtype=torch.int64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item()) or None
+    return int(tensor[0].item()) or None, bool(tensor[1].item())

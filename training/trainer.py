@@ -185,9 +185,10 @@ class Trainer:
         if self.world.main and path.parent.resolve() != self.ckpt_dir.resolve() and best.is_file():
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(best, self.ckpt_dir / "best.pt")  # the best weights so far belong to this run too
-        for stale in self.ckpt_dir.glob(".*.pt.*.tmp") if self.world.main else []:  # a save cut short by SIGKILL or a crash: never renamed into place
-            log.info("removing %s, the temporary file of a save that did not finish", stale)
-            stale.unlink()
+        if self.world.main:
+            for stale in self.ckpt_dir.glob(".*.pt.*.tmp"):  # a save cut short by SIGKILL or a crash: never renamed into place
+                log.info("removing %s, the temporary file of a save that did not finish", stale)
+                stale.unlink()
         self.progress.bad_in_a_row = 0  # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.progress.step, self.progress.epoch + 1, self.progress.batches_done)
         return True
@@ -323,7 +324,6 @@ class Trainer:
                 self.evaluate(start)
             elif tc.eval_every is None and p.batches_done == 0:
                 self.evaluate(start)
-            self.check_signal(start)
             reason = self.agreed_stop(start)
             if reason:
                 return reason
@@ -332,23 +332,35 @@ class Trainer:
         return None
 
     def agreed_stop(self, start: float) -> Optional[str]:
-        """``should_stop`` as rank 0 sees it (it alone holds the scores), on every rank."""
-        return distributed.broadcast(self.should_stop(start), self.device)
+        """After a step, on every rank at once: a stop signal that any rank received saves last.pt and
+        raises ``Interrupted``; otherwise the reason to stop that rank 0 sees (it alone holds the
+        scores), or None. One small all-reduce per step (none in a single process); the reason's
+        text is broadcast only on the step that stops."""
+        reason = self.should_stop(start) if self.world.main else None
+        signum, stopping = distributed.agree_to_stop(self.received_signal(), reason is not None, self.device)
+        if signum is not None:
+            self.interrupt(signum, start)
+        return distributed.broadcast(reason, self.device) if stopping else None
 
     def check_signal(self, start: float) -> None:
-        """After a step: when a signal asked to stop, save last.pt where training stands and stop."""
-        if self.stop is None:
-            return
-        self.stop.signum = distributed.first_signal(self.stop.signum, self.device)  # one rank's signal stops them all
-        if self.stop.signum is None:
-            return
+        """A stop signal that any rank received saves last.pt and raises ``Interrupted``."""
+        signum, _ = distributed.agree_to_stop(self.received_signal(), False, self.device)
+        if signum is not None:
+            self.interrupt(signum, start)
+
+    def received_signal(self) -> Optional[int]:
+        return self.stop.signum if self.stop is not None else None
+
+    def interrupt(self, signum: int, start: float) -> None:
+        """Save last.pt where training stands and stop with the command that resumes it."""
+        self.stop.signum = signum  # a rank that received nothing itself stops on the others' signal
         p = self.progress
         path = self.save_last(start)
         self.board.flush()
         raise Interrupted(
             f"{self.stop.name}: stopped at step {p.step} (epoch {p.epoch + 1}, batch {p.batches_done}), saved {path}; "
             f"resume with: python train.py trainer.resume=auto hydra.run.dir={self.out_dir} (and the same overrides)",
-            self.stop.signum,
+            signum,
         )
 
     # ----- evaluation -----
