@@ -26,7 +26,7 @@ from training.config import register_configs
 from training.signals import INTERRUPTED, Interrupted
 from training import distributed
 from training.device import pick_device
-from training.files import AtomicFile
+from common.files import AtomicFile
 from training.run_folder import RunFolderError
 from training.trainer import TrainingError, prepare, run
 

@@ -19,14 +19,23 @@ Within the tool, sentences are sorted by length and decoded ``--batch-size`` at 
 Bad input (missing or foreign checkpoint, bad option, unreadable file) prints one ``error:`` line
 on standard error and exits with 1 (2 for a bad command line). Heavy libraries are imported only
 after the command line has been checked, so mistakes are reported at once.
+
+A thin command line over ``training.translator.Translator`` (the Python API): this file reads the
+input, formats the output and reports errors.
 """
 import argparse
+import logging
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
-MAX_LEN_RATIO, MAX_LEN_EXTRA = 1.5, 10  # the defaults of models/search.py (not imported: it needs torch)
+from data.errors import DataError  # no torch: data/errors.py imports nothing
+
+if TYPE_CHECKING:  # imported for real after the command line is checked (they need torch)
+    from training.translator import Translation, Translator
+
+# Options whose default is a constant of models/search.py (None here: "the search's default").
+SEARCH_DEFAULTS = {"max_len_ratio": "MAX_LEN_RATIO", "max_len_extra": "MAX_LEN_EXTRA"}
 
 
 class UsageError(Exception):
@@ -38,26 +47,48 @@ class Parser(argparse.ArgumentParser):
         print(f"error: {message} (see python translate.py --help)", file=sys.stderr)
         sys.exit(2)
 
+    def format_help(self) -> str:
+        """``--help`` shows the length-limit defaults of models/search.py (it imports torch; only --help)."""
+        import models.search
+
+        for action in self._actions:
+            if action.dest in SEARCH_DEFAULTS and action.default is None:
+                action.default = getattr(models.search, SEARCH_DEFAULTS[action.dest])
+        return super().format_help()
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="translate.py", description="Translate sentences with a checkpoint of train.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("sentences", nargs="*", metavar="SENTENCE", help="sentences to translate (default: read standard input)")
-    parser.add_argument("--checkpoint", required=True, metavar="PATH", help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt")
-    parser.add_argument("--input", metavar="FILE", help="read sentences from FILE, one a line")
-    parser.add_argument("--output", metavar="FILE", help="write translations to FILE (replaced only when all are done)")
-    parser.add_argument("--beam", type=int, default=5, help="beam size; 1 is greedy search")
-    parser.add_argument("--alpha", type=float, default=None, help="GNMT length penalty (default: the run's trainer.length_penalty, else 1.0)")
-    parser.add_argument("--nbest", type=int, default=None, help="print the N best hypotheses as 'index ||| hypothesis ||| score'")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences decoded together")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--max-len-ratio", type=float, default=MAX_LEN_RATIO, help="longest output: this times the source length ...")
-    parser.add_argument("--max-len-extra", type=int, default=MAX_LEN_EXTRA, help="... plus this many tokens")
-    parser.add_argument("--alignments", action="store_true", help="append a tab and Pharaoh word alignments i-j")
-    parser.add_argument("--plot", metavar="DIR", help="write one attention heatmap PNG per sentence into DIR")
+    add = parser.add_argument
+    add("sentences", nargs="*", metavar="SENTENCE",
+        help="sentences to translate (default: read standard input)")
+    add("--checkpoint", required=True, metavar="PATH",
+        help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt")
+    add("--input", metavar="FILE", help="read sentences from FILE, one a line")
+    add("--output", metavar="FILE", help="write translations to FILE (replaced only when all are done)")
+    add("--beam", type=int, default=5, help="beam size; 1 is greedy search")
+    add("--alpha", type=float, default=None,
+        help="GNMT length penalty (default: the run's trainer.length_penalty, else 1.0)")
+    add("--nbest", type=int, default=None,
+        help="print the N best hypotheses as 'index ||| hypothesis ||| score'")
+    add("--batch-size", type=int, default=64, help="sentences decoded together")
+    add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    add("--max-len-ratio", type=float, default=None, help="longest output: this times the source length ...")
+    add("--max-len-extra", type=int, default=None, help="... plus this many tokens")
+    add("--alignments", action="store_true", help="append a tab and Pharaoh word alignments i-j")
+    add("--plot", metavar="DIR", help="write one attention heatmap PNG per sentence into DIR")
     return parser
+
+
+def check_length_limit(ratio: Optional[float], extra: Optional[int]) -> None:
+    """The options given (None: the search's default) must allow some output."""
+    if (ratio is not None and ratio < 0) or (extra is not None and extra < 0) or ratio == extra == 0:
+        given = " ".join(f"--max-len-{name} {value}" for name, value in (("ratio", ratio), ("extra", extra))
+                         if value is not None)
+        raise UsageError(f"{given}: the length limit must be positive (both >= 0, not both 0)")
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -70,8 +101,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
     if args.alpha is not None and args.alpha < 0:
         raise UsageError(f"--alpha {args.alpha}: the length penalty must be >= 0")
-    if args.max_len_ratio < 0 or args.max_len_extra < 0 or args.max_len_ratio == args.max_len_extra == 0:
-        raise UsageError(f"--max-len-ratio {args.max_len_ratio} --max-len-extra {args.max_len_extra}: the length limit must be positive")
+    check_length_limit(args.max_len_ratio, args.max_len_extra)
     if args.sentences and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")
     if not Path(args.checkpoint).is_file():
@@ -80,124 +110,69 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"input file {args.input} does not exist")
 
 
-@dataclass
-class Translation:
-    text: str
-    score: float
-    alignment: Optional[List[Tuple[int, int]]] = None  # Pharaoh pairs (source word, output word)
-    words: Optional[object] = None  # (output words, source words) attention, a tensor, for plots
-    src_words: Sequence[str] = ()
-    out_words: Sequence[str] = ()
+def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """The keyword arguments of ``Translator.translate`` the command line sets (length limits when given)."""
+    options = dict(beam=args.beam, alpha=args.alpha, nbest=args.nbest or 1, batch_size=args.batch_size,
+                   alignments=bool(args.alignments or args.plot))  # plots need the word attention too
+    options.update({name: getattr(args, name) for name in SEARCH_DEFAULTS if getattr(args, name) is not None})
+    return options
 
 
-def read_lines(stream: IO[bytes], name: str) -> List[str]:
-    """UTF-8 lines without their line ends; a line that is not UTF-8 is an error naming it."""
-    lines = []
-    for number, raw in enumerate(stream, start=1):
-        try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
-        except UnicodeDecodeError as error:
-            raise UsageError(f"{name} line {number} is not UTF-8 text ({error.reason} at byte {error.start})") from None
-    return lines
+def read_input(args: argparse.Namespace) -> List[str]:
+    """The sentences: the arguments, else the lines of ``--input FILE``, else of standard input."""
+    from data.corpus import decode_lines
+
+    if args.sentences:
+        return list(args.sentences)
+    if not args.input:
+        return decode_lines(sys.stdin.buffer.read(), "standard input")
+    try:
+        raw = Path(args.input).read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read input file {args.input}: {error.strerror}") from None
+    return decode_lines(raw, f"input file {args.input}")
 
 
-class Translator:
-    """A loaded checkpoint that turns lists of sentences into lists of n-best translations."""
-
-    def __init__(self, args: argparse.Namespace):
-        from training.checkpoint import load_model
-        from training.device import pick_device
-
-        self.device = pick_device(args.device)
-        self.model, self.tokenizer, payload = load_model(Path(args.checkpoint), self.device)
-        trainer = (payload.get("config") or {}).get("trainer") or {}
-        self.alpha = args.alpha if args.alpha is not None else float(trainer.get("length_penalty", 1.0))
-        self.beam, self.nbest = args.beam, args.nbest or 1
-        self.batch_size, self.ratio, self.extra = args.batch_size, args.max_len_ratio, args.max_len_extra
-        self.need_weights = bool(args.alignments or args.plot)
-        self.max_src = self.model.max_positions  # source ids, EOS included (None: no limit)
-
-    def encode(self, lines: Sequence[str], numbers: Sequence[int]) -> List[List[int]]:
-        """Source ids with EOS; too long for the model: truncated, with a warning naming the line number."""
-        from data.specials import EOS_ID
-
-        encoded = []
-        for number, ids in zip(numbers, self.tokenizer.encode_src(lines)):
-            if self.max_src is not None and len(ids) + 1 > self.max_src:
-                print(f"warning: line {number}: {len(ids)} subword tokens, more than the model takes "
-                      f"({self.max_src - 1}); translating the first {self.max_src - 1}", file=sys.stderr)
-                ids = ids[: self.max_src - 1]
-            encoded.append(ids + [EOS_ID])
-        return encoded
-
-    def translate(self, lines: Sequence[str], first_line: int = 1) -> List[List[Translation]]:
-        """The n-best translations of every line, in the input order (an empty line: one empty translation)."""
-        results: List[List[Translation]] = [[Translation("", 0.0, [] if self.need_weights else None)] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        ids = self.encode([lines[i] for i in todo], [first_line + i for i in todo]) if todo else []
-        by_length = sorted(range(len(todo)), key=lambda k: len(ids[k]))
-        for start in range(0, len(by_length), self.batch_size):
-            chunk = by_length[start : start + self.batch_size]
-            for k, hyps in zip(chunk, self.search([ids[k] for k in chunk])):
-                results[todo[k]] = [self.describe(ids[k], hyp) for hyp in hyps]
-        return results
-
-    def search(self, batch: List[List[int]]):
-        """n-best hypotheses (``models.search.Hypothesis``) of a batch of source id lists."""
-        import torch
-
-        from data.specials import BOS_ID, EOS_ID, PAD_ID
-        from models.search import beam_search, greedy_search
-
-        src = torch.full((len(batch), max(map(len, batch))), PAD_ID, dtype=torch.long)  # (B, S)
-        for row, ids in enumerate(batch):
-            src[row, : len(ids)] = torch.tensor(ids)
-        src = src.to(self.device)
-        src_mask = src != PAD_ID  # (B, S)
-        limits = dict(max_len_ratio=self.ratio, max_len_extra=self.extra, need_weights=self.need_weights, pad_id=PAD_ID)
-        if self.beam == 1:  # greedy: the same output as a beam of 1, without the bookkeeping
-            return [[hyp] for hyp in greedy_search(self.model, src, src_mask, BOS_ID, EOS_ID, **limits)]
-        return beam_search(self.model, src, src_mask, BOS_ID, EOS_ID, self.beam, self.alpha, self.nbest, **limits)
-
-    def describe(self, src_ids: List[int], hyp) -> Translation:
-        """A hypothesis as text, with its word attention and alignment when asked."""
-        from models.alignment import hard_alignment, piece_words, word_attention
-
-        text = " ".join(self.tokenizer.decode_tgt([hyp.tokens])[0].splitlines())
-        if not self.need_weights:
-            return Translation(text, hyp.score)
-        src_pieces = self.tokenizer.src_pieces(src_ids[:-1])  # without EOS
-        out_pieces = self.tokenizer.tgt_pieces(hyp.tokens)
-        words = word_attention(hyp.alignment, src_pieces, out_pieces)  # (W_out, W_src)
-        return Translation(
-            text, hyp.score, hard_alignment(words), words,
-            src_words=piece_words(src_pieces), out_words=piece_words(out_pieces),
-        )
+def show_warnings() -> None:
+    """The translator's warnings (over-long inputs) as ``warning: ...`` lines on standard error."""
+    logger = logging.getLogger("training.translator")
+    if any(handler.name == "translate.py" for handler in logger.handlers):
+        return  # main() ran before in this process
+    handler = logging.StreamHandler(sys.stderr)
+    handler.name = "translate.py"
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
-def format_lines(index: int, translations: List[Translation], nbest: bool, alignments: bool) -> List[str]:
-    """Output lines of one input sentence."""
+def format_lines(index: int, source: str, result: "Translation", nbest: bool, alignments: bool) -> List[str]:
+    """Output lines of input sentence ``index``, ``source``, translated as ``result`` (a ``Translation``).
+
+    With ``alignments`` every line is 'translation, tab, pairs', also for an empty translation; only a
+    blank input line stays an empty line (without ``nbest``).
+    """
     from models.alignment import pharaoh
+    from training.translator import is_blank
 
     lines = []
-    for t in translations:
+    for t in result.nbest if nbest else [result]:
         line = f"{index} ||| {t.text} ||| {t.score:.4f}" if nbest else t.text
-        if alignments and (nbest or t.text):  # an empty input line stays an empty line
+        if alignments and (nbest or not is_blank(source)):
             line += "\t" + pharaoh(t.alignment or [])
         lines.append(line)
     return lines
 
 
-def write_plots(folder: Path, translations: List[List[Translation]], first_index: int = 0) -> None:
+def write_plots(folder: Path, results: List["Translation"], first_index: int = 0) -> None:
     """One heatmap per sentence: ``<index>.png``, output words by source words, the best hypothesis."""
     from training.figures import attention_figure
 
     import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
-    width = max(4, len(str(first_index + len(translations))))
-    for offset, nbest in enumerate(translations):
-        best = nbest[0]
+    width = max(4, len(str(first_index + len(results))))
+    for offset, best in enumerate(results):
         if best.words is None or not best.out_words:
             continue
         index = first_index + offset
@@ -218,7 +193,7 @@ class OutputFile:
             return
         if Path(path).is_dir():
             raise UsageError(f"--output {path} is a folder, not a file")
-        from training.files import AtomicFile
+        from common.files import AtomicFile
 
         try:
             self.file = AtomicFile(Path(path))
@@ -240,7 +215,7 @@ class OutputFile:
             self.file.discard()
 
 
-def interactive(translator: Translator, out: OutputFile, args: argparse.Namespace) -> None:
+def interactive(translator: "Translator", out: OutputFile, args: argparse.Namespace) -> None:
     """A prompt on the terminal: each line entered is translated at once; Ctrl-D ends."""
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
     index = 0
@@ -251,33 +226,30 @@ def interactive(translator: Translator, out: OutputFile, args: argparse.Namespac
             print(file=sys.stderr)
             return
         line = line.rstrip("\r\n")
-        translations = translator.translate([line], first_line=index + 1)
-        out.write_lines(format_lines(index, translations[0], args.nbest is not None, args.alignments))
+        results = translator.translate([line], first_line=index + 1, **translate_options(args))
+        out.write_lines(format_lines(index, line, results[0], args.nbest is not None, args.alignments))
         out.stream.flush()
         if args.plot:
-            write_plots(Path(args.plot), translations, index)
+            write_plots(Path(args.plot), results, index)
         index += 1
 
 
 def run(args: argparse.Namespace) -> None:
+    from training.translator import Translator
+
     out = OutputFile(args.output)
     try:
-        translator = Translator(args)
+        translator = Translator.from_checkpoint(args.checkpoint, args.device)
+        show_warnings()
         if not args.sentences and not args.input and sys.stdin.isatty():
             interactive(translator, out, args)
         else:
-            if args.sentences:
-                lines = list(args.sentences)
-            elif args.input:
-                with open(args.input, "rb") as stream:
-                    lines = read_lines(stream, f"input file {args.input}")
-            else:
-                lines = read_lines(sys.stdin.buffer, "standard input")
-            translations = translator.translate(lines)
-            for index, nbest in enumerate(translations):
-                out.write_lines(format_lines(index, nbest, args.nbest is not None, args.alignments))
+            lines = read_input(args)
+            results = translator.translate(lines, **translate_options(args))
+            for index, (line, result) in enumerate(zip(lines, results)):
+                out.write_lines(format_lines(index, line, result, args.nbest is not None, args.alignments))
             if args.plot:
-                write_plots(Path(args.plot), translations)
+                write_plots(Path(args.plot), results)
         out.commit()
     finally:
         out.discard()
@@ -293,7 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             run(args)
         except CheckpointError as error:
             raise UsageError(str(error)) from None
-    except (UsageError, ValueError) as error:
+    except (UsageError, DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # e.g. piped into `head`

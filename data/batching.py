@@ -60,10 +60,11 @@ class Batch:
         return int(self.tgt_lengths.sum())
 
 
-def pad(sequences: Sequence[List[int]]) -> Tensor:
-    """List of id lists -> ``(B, L)`` tensor padded with ``PAD_ID``."""
-    longest = max(len(seq) for seq in sequences)
-    out = torch.full((len(sequences), longest), PAD_ID, dtype=torch.long)  # (B, L)
+def pad(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
+    """List of id lists -> ``(B, L)`` long tensor padded with ``pad_id`` after each row's end
+    (``L`` the longest row; ``(0, 0)`` for no rows)."""
+    longest = max((len(seq) for seq in sequences), default=0)
+    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)  # (B, L)
     for row, seq in enumerate(sequences):
         out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
     return out

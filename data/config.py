@@ -51,15 +51,7 @@ def data_config(node) -> DataConfig:
     """A composed ``data`` config node checked against the schema (unknown key or wrong type: error)."""
     from omegaconf import OmegaConf
 
+    from common.settings import check_keys
+
     check_keys(node, DataConfig, "data")
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), node))
-
-
-def check_keys(node, schema, prefix: str) -> None:
-    """Refuse keys the dataclass ``schema`` does not have (Hydra lets a forced ``+key=`` through)."""
-    from omegaconf.errors import ConfigKeyError
-
-    known = {f.name for f in dataclasses.fields(schema)}
-    unknown = sorted(set(node.keys()) - known)
-    if unknown:
-        raise ConfigKeyError(f"unknown config key {prefix}.{unknown[0]}: the keys of {prefix} are {', '.join(sorted(known))}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Tuple
 from urllib.parse import urlparse
 
+from common.files import AtomicFile
 from data.config import DataConfig, FilePair, HubConfig
 from data.errors import DataError
 
@@ -33,6 +34,26 @@ _SPLIT_FILE = re.compile(r"^(?P<split>train|val|test\w*)\.(?P<lang>[A-Za-z_-]+?)
 # --- reading files ------------------------------------------------------------------------------
 
 
+def decode_lines(raw: bytes, name: str) -> List[str]:
+    """UTF-8 bytes (a leading BOM dropped) -> lines without their line ends. ``name`` says where the
+    bytes come from (a path, "standard input"): bytes that are not UTF-8 raise ``DataError`` naming it
+    and the line."""
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise DataError(
+            f"{name} line {line}: invalid UTF-8 ({error.reason}); "
+            f"re-encode it as UTF-8, e.g. with iconv -t UTF-8"
+        ) from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final line end
+    return [line.rstrip("\r") for line in lines]
+
+
 def read_lines(path: Path) -> List[str]:
     """Lines of a UTF-8 text file, plain or gzip (by the ``.gz`` suffix), without line ends."""
     path = Path(path)
@@ -44,19 +65,7 @@ def read_lines(path: Path) -> List[str]:
             raw = stream.read()
     except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{path}: cannot read it ({error}); replace the file with an intact copy") from None
-    if raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8) :]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise DataError(
-            f"{path} line {line}: invalid UTF-8 ({error.reason}); re-encode the file as UTF-8, e.g. with iconv -t UTF-8"
-        ) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final line end
-    return [line.rstrip("\r") for line in lines]
+    return decode_lines(raw, str(path))
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> Pairs:
@@ -197,12 +206,10 @@ def _record_text(record: dict, field: Optional[str], lang: str) -> str:
 
 
 def _write_lines(path: Path, lines: Iterable[str]) -> None:
-    """Write a text file under a temporary name and rename it: a file present is complete."""
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", encoding="utf-8") as stream:
+    """Write a text file whole or not at all: a file present is complete."""
+    with AtomicFile(path) as stream:
         for line in lines:
             stream.write(line + "\n")
-    partial.replace(path)
 
 
 def load_corpus(cfg: DataConfig) -> Corpus:

@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import sentencepiece as spm
 
+from common.files import AtomicFile
 from data.errors import DataError
 from data.specials import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
@@ -148,8 +149,7 @@ def build_tokenizer(
         models = [train_model((src for src, _ in pairs), options), train_model((tgt for _, tgt in pairs), options)]
     folder.mkdir(parents=True, exist_ok=True)
     for path, model in zip(paths, models):
-        partial = path.with_name(path.name + ".partial")
-        partial.write_bytes(model)
-        partial.replace(path)  # a cached model is always complete
+        with AtomicFile(path, "wb") as out:  # a cached model is always complete
+            out.write(model)
     log.info("tokenizer: trained %s SentencePiece model(s) in %.1f s, saved in %s", model_type, time.perf_counter() - start, folder)
     return Tokenizer(*models)

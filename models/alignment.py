@@ -4,6 +4,9 @@ Subword pieces come from SentencePiece, where a piece that starts with ``▁`` (
 word. A target word's attention row is the mean of its pieces' rows, a source word's weight the
 sum of its pieces' weights; the source EOS column and the target EOS row are dropped (they align
 to no word). Each target word ``j`` is aligned to its most-attended source word ``i``.
+
+Shapes: ``T`` and ``S`` count output and source pieces, ``P`` the pieces of either, ``W`` words
+(``W_tgt``, ``W_src``).
 """
 from typing import List, Sequence, Tuple
 
@@ -24,7 +27,8 @@ def word_ids(pieces: Sequence[str]) -> List[int]:
 
 
 def piece_words(pieces: Sequence[str]) -> List[str]:
-    """The words the pieces make (labels for plots): ``["▁Ein", "▁Mann", "es"]`` -> ``["Ein", "Mannes"]``."""
+    """The words the pieces make (labels for plots): ``["▁Ein", "▁Mann", "es"]`` ->
+    ``["Ein", "Mannes"]``."""
     words: List[str] = []
     for piece, word in zip(pieces, word_ids(pieces)):
         if word == len(words):
@@ -36,34 +40,36 @@ def piece_words(pieces: Sequence[str]) -> List[str]:
 def pool(weights: Tensor, word_of: Sequence[int], dim: int, reduce: str) -> Tensor:
     """Sum (``reduce="sum"``) or average (``"mean"``) the entries of ``weights`` along ``dim`` that belong
     to one word: ``(..., P, ...)`` -> ``(..., W, ...)`` with ``W = max(word_of) + 1``."""
-    index = torch.tensor(word_of, device=weights.device)
+    index = torch.tensor(word_of, device=weights.device)  # (P,)
     n_words = int(index.max()) + 1 if len(word_of) else 0
     shape = list(weights.shape)
     shape[dim] = n_words
-    pooled = weights.new_zeros(shape).index_add_(dim, index, weights)
+    pooled = weights.new_zeros(shape).index_add_(dim, index, weights)  # (..., W, ...)
     if reduce == "mean":
         counts = torch.bincount(index, minlength=n_words).to(weights.dtype)  # (W,)
         view = [1] * weights.dim()
         view[dim] = n_words
-        pooled = pooled / counts.view(view)
+        pooled = pooled / counts.view(view)  # (..., W, ...)
     return pooled
 
 
 def word_attention(weights: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]) -> Tensor:
-    """``(T', S')`` attention over pieces -> ``(W_tgt, W_src)`` over words.
+    """``(T', S')`` attention over pieces (``T' >= T``, ``S' >= S``) -> ``(W_tgt, W_src)`` over words.
 
     ``weights`` may hold an extra EOS row and column beyond ``tgt_pieces`` and ``src_pieces``; they
     are dropped.
     """
     weights = weights[: len(tgt_pieces), : len(src_pieces)].float()  # (T, S) real pieces only
     if not len(src_pieces) or not len(tgt_pieces):
-        return weights.new_zeros(len(set(word_ids(tgt_pieces))), len(set(word_ids(src_pieces))))
+        n_tgt, n_src = len(set(word_ids(tgt_pieces))), len(set(word_ids(src_pieces)))
+        return weights.new_zeros(n_tgt, n_src)  # (W_tgt, W_src)
     by_src_word = pool(weights, word_ids(src_pieces), dim=1, reduce="sum")  # (T, W_src)
     return pool(by_src_word, word_ids(tgt_pieces), dim=0, reduce="mean")  # (W_tgt, W_src)
 
 
 def hard_alignment(words: Tensor) -> List[Tuple[int, int]]:
-    """``(W_tgt, W_src)`` word attention -> ``(i, j)`` pairs: target word ``j`` to its argmax source word ``i``."""
+    """``(W_tgt, W_src)`` word attention -> ``(i, j)`` pairs: target word ``j`` to its argmax source
+    word ``i``."""
     if words.numel() == 0:
         return []
     return [(int(i), j) for j, i in enumerate(words.argmax(dim=1).tolist())]

@@ -9,10 +9,13 @@ the weighted sum of the values::
 The two families differ only in ``a``:
 
 - additive (Bahdanau et al. 2015, appendix A.1.2): ``a(q, k) = w_v^T tanh(W_q q + W_k k)``, a small
-  feed-forward net with hidden size ``h``; query and key sizes may differ. The RNN decoder uses it.
+  feed-forward net with hidden size ``d_a``; query and key sizes may differ. The RNN decoder uses it.
 - scaled dot-product (Vaswani et al. 2017, section 3.2.1): ``a(q, k) = q . k / sqrt(d_k)``, for all
   queries at once ``softmax(Q K^T / sqrt(d_k)) V``. Multi-head attention (section 3.2.2) runs it in
   ``H`` subspaces of size ``d_k = D / H`` and mixes the heads with ``W_O``. The Transformer uses it.
+
+Shapes follow ``models/__init__.py``: ``T`` queries, ``S`` keys; ``D_query``, ``D_key``, ``D_value``
+are the sizes of additive attention's inputs.
 
 Masks are boolean, ``True`` = may attend (see ``models/masks.py``). A masked key gets exactly zero
 weight. A query whose keys are *all* masked (a padded query row, or an empty source) gets zero
@@ -123,7 +126,7 @@ def check_mask_shape(mask: Tensor, n_queries: int, n_keys: int) -> None:
 class AdditiveAttention(nn.Module):
     """Additive (Bahdanau) attention: ``score(q, k) = w_v^T tanh(W_q q + W_k k)``, no biases.
 
-    ``W_q: Dq -> h``, ``W_k: Dk -> h`` and ``w_v: h -> 1``, where ``h`` is ``hidden_size``.
+    ``W_q: D_query -> d_a``, ``W_k: D_key -> d_a`` and ``w_v: d_a -> 1``, where ``d_a`` is ``hidden_size``.
     The key projection ``W_k k`` does not depend on the query, so a decoder computes it once per
     sentence with ``project_keys`` and passes it back in on every step (``projected_keys=``).
     """
@@ -136,8 +139,8 @@ class AdditiveAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def project_keys(self, keys: Tensor) -> Tensor:
-        """``(B, S, Dk)`` keys -> ``(B, S, h)``: ``W_k k``, reusable for every query."""
-        return self.key_proj(keys)  # (B, S, h)
+        """``(B, S, D_key)`` keys -> ``(B, S, d_a)``: ``W_k k``, reusable for every query."""
+        return self.key_proj(keys)  # (B, S, d_a)
 
     def forward(
         self,
@@ -150,15 +153,15 @@ class AdditiveAttention(nn.Module):
         """Attend from every query to the keys.
 
         Args:
-            query: ``(B, T, Dq)``; a decoder step has ``T = 1``.
-            keys: ``(B, S, Dk)``; may be None when ``projected_keys`` is given.
-            values: ``(B, S, Dv)``; in an RNN decoder usually the same tensor as ``keys``.
+            query: ``(B, T, D_query)``; a decoder step has ``T = 1``.
+            keys: ``(B, S, D_key)``; may be None when ``projected_keys`` is given.
+            values: ``(B, S, D_value)``; in an RNN decoder usually the same tensor as ``keys``.
             mask: boolean, True = may attend, broadcastable to ``(B, T, S)`` (a padding mask is
                 ``(B, 1, S)``, see ``masks.key_mask``).
-            projected_keys: ``(B, S, h)`` from ``project_keys(keys)``, to skip recomputing it.
+            projected_keys: ``(B, S, d_a)`` from ``project_keys(keys)``, to skip recomputing it.
 
         Returns:
-            context ``(B, T, Dv)`` and weights ``(B, T, S)``.
+            context ``(B, T, D_value)`` and weights ``(B, T, S)``.
         """
         if mask is not None and mask.dim() != 3:
             raise ValueError(
@@ -168,13 +171,13 @@ class AdditiveAttention(nn.Module):
         if projected_keys is None:
             if keys is None:
                 raise ValueError("AdditiveAttention needs keys or projected_keys")
-            projected_keys = self.project_keys(keys)  # (B, S, h)
-        projected_query = self.query_proj(query)  # (B, T, h)
-        hidden = torch.tanh(projected_query.unsqueeze(2) + projected_keys.unsqueeze(1))  # (B, T, S, h)
+            projected_keys = self.project_keys(keys)  # (B, S, d_a)
+        projected_query = self.query_proj(query)  # (B, T, d_a)
+        hidden = torch.tanh(projected_query.unsqueeze(2) + projected_keys.unsqueeze(1))  # (B, T, S, d_a)
         scores = self.score_proj(hidden).squeeze(-1)  # (B, T, S)
         weights = masked_softmax_(scores, mask)  # (B, T, S)
-        context = torch.bmm(self.dropout(weights), values)  # (B, T, Dv)
-        return context, weights
+        context = torch.bmm(self.dropout(weights), values)  # (B, T, D_value)
+        return context, weights  # (B, T, D_value), (B, T, S)
 
 
 class MultiHeadAttention(nn.Module):
@@ -212,14 +215,14 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(proj.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``(B, L, D)`` -> ``(B, H, L, d_k)``."""
+        """``(B, T, D)`` -> ``(B, H, T, d_k)``."""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, L, d_k)
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_k)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """``(B, H, L, d_k)`` -> ``(B, L, D)``."""
+        """``(B, H, T, d_k)`` -> ``(B, T, D)``."""
         batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_head)  # (B, L, D)
+        return x.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_head)  # (B, T, D)
 
     def project_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
         """``(B, S, D)`` key and value -> per-head keys and values, each ``(B, H, S, d_k)``."""
@@ -241,7 +244,9 @@ class MultiHeadAttention(nn.Module):
             check_mask_shape(mask, query.size(1), k.size(2))
         q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
         dropout_p = self.dropout_p if self.training else 0.0
-        heads, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights)  # (B, H, T, d_k)
+        heads, weights = scaled_dot_product_attention(
+            q, k, v, mask, dropout_p, need_weights
+        )  # (B, H, T, d_k), (B, H, T, S) or None
         out = self.out_proj(self.merge_heads(heads))  # (B, T, D)
         if mask is not None:
             # A query with no visible key in any head returns zeros, not W_O's bias.

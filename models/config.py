@@ -4,7 +4,8 @@ Plain dataclasses, no Hydra: a model can be built in a notebook from ``RNNConfig
 ``TransformerConfig(d_model=512)``. The training entry point registers them as Hydra schemas, so
 a typo or a wrong type in ``model.*`` fails when the config is composed.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Dict, Union
 
 
 @dataclass
@@ -43,3 +44,15 @@ class TransformerConfig:
 
 
 FAMILIES = {"rnn": RNNConfig, "transformer": TransformerConfig}  # model.name -> its config class
+
+
+def config_from_dict(values: Dict[str, Any]) -> Union[RNNConfig, TransformerConfig]:
+    """Plain values (a checkpoint's ``dataclasses.asdict``, an untyped config node) as the config
+    of the family ``values["name"]`` names; ``ValueError`` naming an unknown family or key."""
+    family = FAMILIES.get(values.get("name"))
+    if family is None:
+        raise ValueError(f"model.name must be one of {sorted(FAMILIES)}, got {values.get('name')!r}")
+    unknown = sorted(set(values) - {f.name for f in fields(family)})
+    if unknown:
+        raise ValueError(f"model config has keys this version does not know: {', '.join(unknown)}")
+    return family(**values)

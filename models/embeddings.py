@@ -1,4 +1,8 @@
-"""Pieces both model families share: token embeddings, positions, the output layer."""
+"""Pieces both model families share: token embeddings, positions, the output layer.
+
+``E`` is the embedding size (the RNN's ``embed_dim``, the Transformer's ``D``); ``T`` the length of
+any sequence, source or target.
+"""
 import math
 from typing import Optional
 
@@ -7,9 +11,10 @@ from torch import Tensor, nn
 
 
 class TokenEmbedding(nn.Module):
-    """Token ids -> vectors, optionally scaled by ``sqrt(D)`` (Vaswani et al. 2017, section 3.4).
+    """Token ids -> vectors of size ``E = dim``, optionally scaled by ``sqrt(E)`` (Vaswani et al. 2017,
+    section 3.4).
 
-    Initialised from ``N(0, D^-1/2)`` so that a scaled embedding starts at unit variance and an
+    Initialised from ``N(0, E^-1/2)`` so that a scaled embedding starts at unit variance and an
     output layer tied to it starts with logits of unit scale; the padding row is zero.
     """
 
@@ -23,25 +28,27 @@ class TokenEmbedding(nn.Module):
 
     @property
     def weight(self) -> Tensor:
-        return self.embedding.weight
+        """The ``(V, E)`` embedding matrix (an output layer may share it)."""
+        return self.embedding.weight  # (V, E)
 
     def forward(self, ids: Tensor) -> Tensor:
-        """``(B, L)`` ids -> ``(B, L, D)``."""
-        return self.embedding(ids) * self.scale  # (B, L, D)
+        """``(B, T)`` ids -> ``(B, T, E)``."""
+        return self.embedding(ids) * self.scale  # (B, T, E)
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> Tensor:
-    """``(L, D)`` table: ``PE[p, 2i] = sin(p / 10000^(2i/D))``, ``PE[p, 2i+1] = cos(...)`` (section 3.5)."""
-    positions = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    """``(T, D)`` table for ``T = n_positions``: ``PE[p, 2i] = sin(p / 10000^(2i/D))``,
+    ``PE[p, 2i+1] = cos(...)`` (section 3.5)."""
+    positions = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)  # (T, 1)
     rates = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (D/2,)
-    table = torch.zeros(n_positions, dim)  # (L, D)
-    table[:, 0::2] = torch.sin(positions * rates)
-    table[:, 1::2] = torch.cos(positions * rates[: dim // 2])
+    table = torch.zeros(n_positions, dim)  # (T, D)
+    table[:, 0::2] = torch.sin(positions * rates)  # (T, D/2) even columns
+    table[:, 1::2] = torch.cos(positions * rates[: dim // 2])  # (T, D/2) odd columns
     return table
 
 
 class PositionalEncoding(nn.Module):
-    """Adds position vectors to ``(B, L, D)`` inputs, starting at position ``offset``.
+    """Adds position vectors to ``(B, T, D)`` inputs, starting at position ``offset``.
 
     ``sinusoidal`` positions are computed (for any length); ``learned`` ones are parameters and
     cover ``max_positions`` positions.
@@ -53,24 +60,28 @@ class PositionalEncoding(nn.Module):
             raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {kind!r}")
         self.kind, self.dim, self.max_positions = kind, dim, max_positions
         if kind == "learned":
-            self.learned = nn.Parameter(torch.randn(max_positions, dim) * dim**-0.5)
+            self.learned = nn.Parameter(torch.randn(max_positions, dim) * dim**-0.5)  # (max_positions, D)
         else:
-            self.register_buffer("table", sinusoidal_table(max_positions, dim), persistent=False)
+            table = sinusoidal_table(max_positions, dim)  # (max_positions, D)
+            self.register_buffer("table", table, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        """``(B, L, D)`` -> ``(B, L, D)`` with positions ``offset .. offset + L - 1`` added."""
+        """``(B, T, D)`` -> ``(B, T, D)`` with positions ``offset .. offset + T - 1`` added."""
         end = offset + x.size(1)
         if self.kind == "learned":
             if end > self.max_positions:
-                raise ValueError(f"sequence of {end} positions is longer than model.max_positions={self.max_positions}")
-            return x + self.learned[offset:end]  # (B, L, D)
+                raise ValueError(
+                    f"sequence of {end} positions is longer than model.max_positions={self.max_positions}"
+                )
+            return x + self.learned[offset:end]  # (B, T, D)
         if end > self.table.size(0):
-            self.table = sinusoidal_table(2 * end, self.dim).to(self.table.device)
-        return x + self.table[offset:end].to(x.dtype)  # (B, L, D)
+            self.table = sinusoidal_table(2 * end, self.dim).to(self.table.device)  # (2 end, D)
+        return x + self.table[offset:end].to(x.dtype)  # (B, T, D)
 
 
 class OutputLayer(nn.Module):
-    """``(..., D)`` states -> ``(..., V)`` logits; the weight may be tied to an embedding (Press & Wolf 2017)."""
+    """``(..., E)`` states -> ``(..., V)`` logits, ``E = dim``; the ``(V, E)`` weight may be tied to an
+    embedding (Press & Wolf 2017)."""
 
     def __init__(self, dim: int, vocab_size: int, tie_to: Optional[TokenEmbedding] = None):
         super().__init__()
@@ -78,11 +89,13 @@ class OutputLayer(nn.Module):
         if tie_to is not None:
             if tie_to.weight.shape != self.proj.weight.shape:
                 raise ValueError(
-                    f"cannot tie the output layer ({vocab_size} x {dim}) to an embedding of shape {tuple(tie_to.weight.shape)}"
+                    f"cannot tie the output layer ({vocab_size} x {dim}) to an embedding of shape "
+                    f"{tuple(tie_to.weight.shape)}"
                 )
             self.proj.weight = tie_to.weight
         else:
             nn.init.normal_(self.proj.weight, mean=0.0, std=dim**-0.5)
 
     def forward(self, x: Tensor) -> Tensor:
+        """``(..., E)`` -> logits ``(..., V)``."""
         return self.proj(x)  # (..., V)

@@ -14,6 +14,9 @@ Decoder, at target step ``t`` (the paper's appendix A.2, with a tanh readout ins
 The key projection ``W_k h`` of the attention is computed once per sentence and kept in the
 decoder state. Only the attention and the RNN cell run step by step; the readout and the output
 layer run over all steps at once in a teacher-forced pass.
+
+Shapes (the scheme of ``models/__init__.py``): ``D`` hidden size (the decoder state; the encoder
+states are ``2D``, both directions), ``E`` embedding size, ``d_a`` attention size, ``N`` layers.
 """
 from typing import Dict, Optional, Tuple
 
@@ -25,17 +28,26 @@ from models.attention import AdditiveAttention
 from models.config import RNNConfig
 from models.embeddings import OutputLayer, TokenEmbedding
 from models.masks import key_mask
-from models.seq2seq import Encoded
+from models.seq2seq import Attention, Encoded
 
-State = Dict[str, Tensor]  # memory (B, S, 2H), keys (B, S, A), src_mask (B, S), hidden (B, L, H) [, cell (B, L, H)]
+# memory (B, S, 2D), keys (B, S, d_a), src_mask (B, S), hidden (B, N, D) [, cell (B, N, D) for an LSTM]
+State = Dict[str, Tensor]
 
 
-def make_rnn(cell: str, input_size: int, hidden_size: int, layers: int, dropout: float, bidirectional: bool) -> nn.RNNBase:
+def make_rnn(
+    cell: str, input_size: int, hidden_size: int, layers: int, dropout: float, bidirectional: bool
+) -> nn.RNNBase:
+    """A batch-first GRU or LSTM of ``layers`` layers, dropout between them."""
     if cell not in ("gru", "lstm"):
         raise ValueError(f"model.cell must be 'gru' or 'lstm', got {cell!r}")
     rnn_class = nn.GRU if cell == "gru" else nn.LSTM
     return rnn_class(
-        input_size, hidden_size, layers, batch_first=True, dropout=dropout if layers > 1 else 0.0, bidirectional=bidirectional
+        input_size,
+        hidden_size,
+        layers,
+        batch_first=True,
+        dropout=dropout if layers > 1 else 0.0,
+        bidirectional=bidirectional,
     )
 
 
@@ -50,25 +62,32 @@ def run_rnn(rnn: nn.RNNBase, inputs, hx=None):
 
 
 class RNNEncoder(nn.Module):
+    """Bidirectional GRU or LSTM over the embedded source."""
+
     def __init__(self, cfg: RNNConfig, embed: TokenEmbedding):
         super().__init__()
         self.embed = embed
         self.dropout = nn.Dropout(cfg.dropout)
-        self.rnn = make_rnn(cfg.cell, cfg.embed_dim, cfg.hidden_size, cfg.encoder_layers, cfg.dropout, bidirectional=True)
+        self.rnn = make_rnn(
+            cfg.cell, cfg.embed_dim, cfg.hidden_size, cfg.encoder_layers, cfg.dropout, bidirectional=True
+        )
 
     def forward(self, src: Tensor, src_mask: Tensor) -> Tuple[Tensor, Tensor]:
-        """``src`` ``(B, S)`` -> states ``(B, S, 2H)`` (zero at padding) and final states ``(B, 2H)``."""
+        """``src`` ``(B, S)``, ``src_mask`` ``(B, S)`` -> states ``(B, S, 2D)`` (zero at padding) and the
+        last layer's final states ``(B, 2D)`` (forward and backward)."""
         lengths = src_mask.sum(dim=1).clamp(min=1).cpu()  # (B,) an empty source still runs one step
         embedded = self.dropout(self.embed(src)).float()  # (B, S, E)
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
-        outputs, final = run_rnn(self.rnn, packed)  # packed (B, S, 2H); (2 L, B, H) per state
-        memory, _ = pad_packed_sequence(outputs, batch_first=True, total_length=src.size(1))  # (B, S, 2H)
-        hidden = final[0] if isinstance(final, tuple) else final  # (2 L, B, H)
-        top = torch.cat([hidden[-2], hidden[-1]], dim=-1)  # (B, 2H) last layer, forward and backward
+        outputs, final = run_rnn(self.rnn, packed)  # packed (B, S, 2D); (2 N, B, D) per state
+        memory, _ = pad_packed_sequence(outputs, batch_first=True, total_length=src.size(1))  # (B, S, 2D)
+        hidden = final[0] if isinstance(final, tuple) else final  # (2 N, B, D)
+        top = torch.cat([hidden[-2], hidden[-1]], dim=-1)  # (B, 2D) last layer, forward and backward
         return memory, top
 
 
 class RNNDecoder(nn.Module):
+    """Bridge, additive attention, GRU or LSTM cell and readout; runs one step at a time (``step``)."""
+
     def __init__(self, cfg: RNNConfig, embed: TokenEmbedding, vocab_size: int):
         super().__init__()
         memory_size = 2 * cfg.hidden_size
@@ -77,46 +96,52 @@ class RNNDecoder(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
         self.bridge = nn.Linear(memory_size, cfg.decoder_layers * cfg.hidden_size)
         self.attention = AdditiveAttention(cfg.hidden_size, memory_size, cfg.attention_size)
-        self.rnn = make_rnn(cfg.cell, cfg.embed_dim + memory_size, cfg.hidden_size, cfg.decoder_layers, cfg.dropout, False)
+        self.rnn = make_rnn(
+            cfg.cell, cfg.embed_dim + memory_size, cfg.hidden_size, cfg.decoder_layers, cfg.dropout, False
+        )
         self.readout = nn.Linear(cfg.hidden_size + memory_size + cfg.embed_dim, cfg.embed_dim)
         self.output = OutputLayer(cfg.embed_dim, vocab_size, embed if cfg.tie_output else None)
 
     def start_state(self, encoded: Encoded) -> State:
+        """The state before the first target token: bridged final encoder states, projected keys."""
         batch = encoded.memory.size(0)
-        hidden = torch.tanh(self.bridge(encoded.final)).view(batch, self.layers, self.hidden_size)  # (B, L, H)
+        bridged = torch.tanh(self.bridge(encoded.final))  # (B, N * D)
+        hidden = bridged.view(batch, self.layers, self.hidden_size)  # (B, N, D)
         state = {
             "memory": encoded.memory,
-            "keys": self.attention.project_keys(encoded.memory),  # (B, S, A) once per sentence
+            "keys": self.attention.project_keys(encoded.memory),  # (B, S, d_a) once per sentence
             "src_mask": encoded.src_mask,
             "hidden": hidden,
         }
         if self.cell == "lstm":
-            state["cell"] = torch.zeros_like(hidden)  # (B, L, H)
+            state["cell"] = torch.zeros_like(hidden)  # (B, N, D)
         return state
 
     def step(self, embedded: Tensor, state: State) -> Tuple[Tensor, Tensor, Tensor, State]:
         """One recurrence step for embedded previous tokens ``(B, E)``.
 
-        Returns the new top state ``s_t`` ``(B, H)``, context ``c_t`` ``(B, 2H)``, weights ``(B, S)``
+        Returns the new top state ``s_t`` ``(B, D)``, context ``c_t`` ``(B, 2D)``, weights ``(B, S)``
         and the new state.
         """
-        query = state["hidden"][:, -1:]  # (B, 1, H) s_{t-1} of the top layer
+        query = state["hidden"][:, -1:]  # (B, 1, D) s_{t-1} of the top layer
         mask = key_mask(state["src_mask"], n_heads_dim=False)  # (B, 1, S)
-        context, weights = self.attention(query, None, state["memory"], mask, projected_keys=state["keys"])  # (B, 1, 2H)
-        rnn_input = torch.cat([embedded.unsqueeze(1), context], dim=-1).float()  # (B, 1, E + 2H)
-        hidden = state["hidden"].transpose(0, 1).float().contiguous()  # (L, B, H)
+        context, weights = self.attention(
+            query, None, state["memory"], mask, projected_keys=state["keys"]
+        )  # (B, 1, 2D), (B, 1, S)
+        rnn_input = torch.cat([embedded.unsqueeze(1), context], dim=-1).float()  # (B, 1, E + 2D)
+        hidden = state["hidden"].transpose(0, 1).float().contiguous()  # (N, B, D)
         if self.cell == "lstm":
-            cell = state["cell"].transpose(0, 1).float().contiguous()  # (L, B, H)
-            output, (hidden, cell) = run_rnn(self.rnn, rnn_input, (hidden, cell))  # (B, 1, H), (L, B, H) x 2
+            cell = state["cell"].transpose(0, 1).float().contiguous()  # (N, B, D)
+            output, (hidden, cell) = run_rnn(self.rnn, rnn_input, (hidden, cell))  # (B, 1, D), (N, B, D) x 2
         else:
-            output, hidden = run_rnn(self.rnn, rnn_input, hidden)  # (B, 1, H), (L, B, H)
-        new_state = dict(state, hidden=hidden.transpose(0, 1))  # (B, L, H)
+            output, hidden = run_rnn(self.rnn, rnn_input, hidden)  # (B, 1, D), (N, B, D)
+        new_state = dict(state, hidden=hidden.transpose(0, 1))  # (B, N, D)
         if self.cell == "lstm":
-            new_state["cell"] = cell.transpose(0, 1)  # (B, L, H)
-        return output[:, 0], context[:, 0], weights[:, 0], new_state
+            new_state["cell"] = cell.transpose(0, 1)  # (B, N, D)
+        return output[:, 0], context[:, 0], weights[:, 0], new_state  # (B, D), (B, 2D), (B, S)
 
     def logits(self, top: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
-        """Readout: ``(..., H)``, ``(..., 2H)``, ``(..., E)`` -> logits ``(..., V)``."""
+        """Readout: ``(..., D)``, ``(..., 2D)``, ``(..., E)`` -> logits ``(..., V)``."""
         readout = torch.tanh(self.readout(torch.cat([top, context, embedded], dim=-1)))  # (..., E)
         return self.output(self.dropout(readout))  # (..., V)
 
@@ -135,30 +160,37 @@ class RNNModel(nn.Module):
         self.decoder = RNNDecoder(cfg, tgt_embed, tgt_vocab_size)
 
     def encode(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> Encoded:
-        """``src`` ``(B, S)``, ``src_mask`` ``(B, S)`` -> memory ``(B, S, 2H)``, final ``(B, 2H)``.
+        """``src`` ``(B, S)``, ``src_mask`` ``(B, S)`` -> memory ``(B, S, 2D)``, final ``(B, 2D)``.
 
-        (An RNN encoder has no attention: ``need_weights`` is accepted for the common contract.)
+        An RNN encoder has no attention: with ``need_weights`` its ``encoder_self`` list is empty.
         """
-        memory, final = self.encoder(src, src_mask)
-        return Encoded(memory=memory, src_mask=src_mask, final=final)
+        memory, final = self.encoder(src, src_mask)  # (B, S, 2D), (B, 2D)
+        attention: Attention = {"encoder_self": []} if need_weights else {}
+        return Encoded(memory=memory, src_mask=src_mask, final=final, attention=attention)
 
     def start_state(self, encoded: Encoded) -> State:
+        """The decoder state before the first target token (see ``State``)."""
         return self.decoder.start_state(encoded)
 
-    def decode_step(self, tokens: Tensor, state: State, need_weights: bool = False) -> Tuple[Tensor, State, Optional[Tensor]]:
+    def decode_step(
+        self, tokens: Tensor, state: State, need_weights: bool = False
+    ) -> Tuple[Tensor, State, Optional[Tensor]]:
         """``tokens`` ``(B,)`` -> logits ``(B, V)``, new state, attention weights ``(B, S)``."""
         embedded = self.decoder.dropout(self.decoder.embed(tokens))  # (B, E)
-        top, context, weights, state = self.decoder.step(embedded, state)
-        return self.decoder.logits(top, context, embedded), state, weights if need_weights else None
+        top, context, weights, state = self.decoder.step(embedded, state)  # (B, D), (B, 2D), (B, S)
+        return self.decoder.logits(top, context, embedded), state, weights if need_weights else None  # (B, V)
 
     def forward(
         self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False
-    ) -> Tuple[Tensor, Dict[str, Tensor]]:
-        """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``.
+    ) -> Tuple[Tensor, Attention]:
+        """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
+        logits ``(B, T, V)`` and the attention.
 
-        With ``need_weights``, ``attention["cross"]`` holds the additive attention ``(B, T, S)``.
+        With ``need_weights`` the attention (``models/seq2seq.py``) holds the additive attention as
+        one layer with one head, ``cross`` ``[(B, 1, T, S)]``, and no self-attention; else ``{}``.
         """
-        state = self.start_state(self.encode(src, src_mask))
+        encoded = self.encode(src, src_mask, need_weights)
+        state = self.start_state(encoded)
         embedded = self.decoder.dropout(self.decoder.embed(tgt_in))  # (B, T, E)
         tops, contexts, weights = [], [], []
         for t in range(tgt_in.size(1)):
@@ -167,4 +199,7 @@ class RNNModel(nn.Module):
             contexts.append(context)
             weights.append(step_weights)
         logits = self.decoder.logits(torch.stack(tops, 1), torch.stack(contexts, 1), embedded)  # (B, T, V)
-        return logits, ({"cross": torch.stack(weights, 1)} if need_weights else {})  # (B, T, S)
+        if not need_weights:
+            return logits, {}
+        cross = torch.stack(weights, 1).unsqueeze(1)  # (B, 1, T, S) one layer, one head
+        return logits, {"cross": [cross], "decoder_self": [], **encoded.attention}

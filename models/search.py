@@ -20,9 +20,11 @@ hypotheses: 0.5 BLEU less on the Multi30k validation set for a Transformer, at t
 Only the ``2K`` best tokens of each hypothesis can extend it into its sentence's ``2K`` best, so each
 step takes a top-``2K`` per row of logits and never writes a ``(K, V)`` table of scores. Rows of
 the state that depend only on the source (``models.seq2seq.SOURCE_KEYS``) are not reordered.
+
+``search`` is the one entry point of the rest of the project: greedy for a beam of 1, else beam search.
 """
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -74,9 +76,11 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def _take(rows: Tensor, *tensors: Optional[Tensor]) -> List[Optional[Tensor]]:
-    """Rows ``rows`` of each tensor (None stays None)."""
-    return [None if t is None else t.index_select(0, rows) for t in tensors]
+def _keep_rows(rows: Tensor, state: Any, *tensors: Optional[Tensor]) -> Tuple[Any, List[Optional[Tensor]]]:
+    """Drop finished sentences from the batch: keep only ``rows`` ``(N',)`` of the decoder state and of
+    each ``(N, ...)`` tensor (None stays None); the same rows everywhere, so they stay aligned."""
+    state = map_state(state, lambda x: x.index_select(0, rows))
+    return state, [None if t is None else t.index_select(0, rows) for t in tensors]
 
 
 def _append(history: Optional[Tensor], step: Optional[Tensor]) -> Optional[Tensor]:
@@ -90,7 +94,8 @@ def _append(history: Optional[Tensor], step: Optional[Tensor]) -> Optional[Tenso
 @torch.no_grad()
 def greedy_search(
     model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, max_len: Optional[int] = None,
-    need_weights: bool = False, pad_id: int = 0, max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
+    need_weights: bool = False, pad_id: int = 0, max_len_ratio: float = MAX_LEN_RATIO,
+    max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[Hypothesis]:
     """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence."""
     batch, device = src.size(0), src.device
@@ -122,9 +127,9 @@ def greedy_search(
         if bool(done.any()):
             keep = (~done).nonzero().flatten()  # (A',)
             alive = alive[keep]
-            keep = keep.to(device)
-            tokens, scores, history, alignments = _take(keep, tokens, scores, history, alignments)
-            state = map_state(state, lambda x: x.index_select(0, keep))
+            state, (tokens, scores, history, alignments) = _keep_rows(
+                keep.to(device), state, tokens, scores, history, alignments
+            )
     return results  # type: ignore[return-value]
 
 
@@ -182,16 +187,21 @@ def _finish(
         row = int(rows[a, r])
         alignment = None  # (t, S): the hypothesis's rows, then this step's (EOS)
         if weights is not None:
-            alignment = _append(None if alignments is None else alignments[row : row + 1], weights[row : row + 1])[0].cpu()
-        finished[sentences[a]].add(Hypothesis(history[row].tolist(), float(top[a, r]) / penalty, alignment, True))
+            before = None if alignments is None else alignments[row : row + 1]  # (1, t - 1, S)
+            alignment = _append(before, weights[row : row + 1])[0].cpu()  # (t, S)
+        score = float(top[a, r]) / penalty
+        finished[sentences[a]].add(Hypothesis(history[row].tolist(), score, alignment, True))
 
 
-def _prune(top: Tensor, rows: Tensor, tokens: Tensor, is_eos: Tensor, beam: int) -> Tuple[Tensor, Tensor, Tensor]:
+def _prune(
+    top: Tensor, rows: Tensor, tokens: Tensor, is_eos: Tensor, beam: int
+) -> Tuple[Tensor, Tensor, Tensor]:
     """The next live beam: the ``K`` best extensions that do not end in EOS (flattened to ``(A * K,)`` each).
 
     Each of the ``K`` hypotheses has one EOS extension, so ``2K`` candidates hold at least ``K`` others.
     """
-    picks = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :beam]  # (A, K) first non-EOS ranks
+    # (A, K): the first K ranks that are not EOS
+    picks = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :beam]
     return top.gather(1, picks).view(-1), rows.gather(1, picks).view(-1), tokens.gather(1, picks).view(-1)
 
 
@@ -206,10 +216,10 @@ def _search_over(best_live: float, limit: int, t: int, found: _Finished, nbest: 
 @torch.no_grad()
 def beam_search(
     model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, beam_size: int = 5,
-    alpha: float = 1.0, nbest: int = 1, max_len: Optional[int] = None, need_weights: bool = False, pad_id: int = 0,
-    max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
+    alpha: float = 1.0, nbest: int = 1, max_len: Optional[int] = None, need_weights: bool = False,
+    pad_id: int = 0, max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[List[Hypothesis]]:
-    """Beam search; per sentence the ``nbest`` best hypotheses, best first. ``src``/``src_mask`` ``(B, S)``."""
+    """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first."""
     if beam_size < 1:
         raise ValueError(f"beam size {beam_size} must be at least 1")
     if not 1 <= nbest <= beam_size:
@@ -217,7 +227,8 @@ def beam_search(
     if alpha < 0:
         raise ValueError(f"length penalty alpha={alpha} must be >= 0")
     batch, beam, device = src.size(0), beam_size, src.device
-    limits = output_limits(src_mask, max_len_ratio, max_len_extra, max_len, getattr(model, "max_positions", None))
+    cap = getattr(model, "max_positions", None)
+    limits = output_limits(src_mask, max_len_ratio, max_len_extra, max_len, cap)
     state = model.start_state(model.encode(src, src_mask))  # (B, ...): the first step has one hypothesis
     width = 1  # hypotheses per sentence in the batch: 1 at the first step, K after it
     scores = torch.zeros(batch, device=device)  # (A * width,)
@@ -233,11 +244,13 @@ def beam_search(
         _finish(top, rows, is_eos, beam, t, alpha, history, alignments, weights, sentences, finished)
         scores, rows, tokens = _prune(top, rows, new_tokens, is_eos, beam)  # (A * K,) each
         # Within sentences (K -> K): rows that depend on the source only stay; 1 -> K: all are copied.
-        state = map_state(state, lambda x: x.index_select(0, rows), skip=SOURCE_KEYS if width == beam else frozenset())
+        skip = SOURCE_KEYS if width == beam else frozenset()
+        state = map_state(state, lambda x: x.index_select(0, rows), skip=skip)
         width = beam
         history = torch.cat([history.index_select(0, rows), tokens.unsqueeze(1)], dim=1)  # (A * K, t)
         if weights is not None:
-            alignments = _append(None if alignments is None else alignments.index_select(0, rows), weights.index_select(0, rows))
+            before = None if alignments is None else alignments.index_select(0, rows)  # (A * K, t - 1, S)
+            alignments = _append(before, weights.index_select(0, rows))  # (A * K, t, S)
         best_live = scores.view(-1, beam)[:, 0].tolist()  # (A,) the live beams are sorted
         keep = []
         for a, sentence in enumerate(sentences):
@@ -249,14 +262,17 @@ def beam_search(
             break
         if len(keep) < len(sentences):
             sentences = [sentences[a] for a in keep]
-            keep_rows = (torch.tensor(keep, device=device).unsqueeze(1) * beam + torch.arange(beam, device=device)).view(-1)
-            scores, tokens, history, alignments = _take(keep_rows, scores, tokens, history, alignments)
-            state = map_state(state, lambda x: x.index_select(0, keep_rows))
+            first_rows = torch.tensor(keep, device=device).unsqueeze(1) * beam  # (A', 1)
+            keep_rows = (first_rows + torch.arange(beam, device=device)).view(-1)  # (A' * K,)
+            state, (scores, tokens, history, alignments) = _keep_rows(
+                keep_rows, state, scores, tokens, history, alignments
+            )  # (A' * K, ...)
     return [found.hyps[:nbest] for found in finished]
 
 
 def _add_unfinished(
-    found: _Finished, a: int, beam: int, t: int, alpha: float, scores: Tensor, history: Tensor, alignments: Optional[Tensor]
+    found: _Finished, a: int, beam: int, t: int, alpha: float, scores: Tensor, history: Tensor,
+    alignments: Optional[Tensor],
 ) -> None:
     """At the length limit, the sentence's live hypotheses join its list as unfinished ones."""
     penalty = length_penalty(t, alpha)
@@ -265,3 +281,20 @@ def _add_unfinished(
         if score > float("-inf"):
             alignment = None if alignments is None else alignments[row].cpu()
             found.add(Hypothesis(history[row].tolist(), score / penalty, alignment, finished=False))
+
+
+def search(
+    model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, beam_size: int = 1,
+    alpha: float = 1.0, nbest: int = 1, need_weights: bool = False, pad_id: int = 0,
+    max_len: Optional[int] = None, max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
+) -> List[List[Hypothesis]]:
+    """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first: greedy
+    search when ``beam_size`` is 1 (the same output as a beam of 1, without the bookkeeping; its
+    score is not length-normalised), beam search otherwise."""
+    limits = dict(max_len=max_len, need_weights=need_weights, pad_id=pad_id,
+                  max_len_ratio=max_len_ratio, max_len_extra=max_len_extra)
+    if beam_size == 1:
+        if nbest != 1:
+            raise ValueError(f"nbest={nbest} must be between 1 and the beam size 1")
+        return [[hyp] for hyp in greedy_search(model, src, src_mask, bos_id, eos_id, **limits)]
+    return beam_search(model, src, src_mask, bos_id, eos_id, beam_size, alpha, nbest, **limits)

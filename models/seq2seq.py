@@ -6,9 +6,21 @@ A model has:
 - ``start_state(encoded) -> state``: the decoder state before the first target token.
 - ``decode_step(tokens, state, need_weights=False) -> (logits, state, weights)``: one target
   step for ``tokens`` ``(B,)``; logits ``(B, V)``; weights ``(B, S)`` (attention of this step over
-  the source, for alignments) or None. The state is new; the one passed in is not modified.
+  the source, for alignments: the last cross-attention layer, averaged over its heads) or None.
+  The state is new; the one passed in is not modified.
 - ``forward(src, src_mask, tgt_in, need_weights=False) -> (logits, attention)``: teacher-forced
-  pass over a whole target, logits ``(B, T, V)``; ``attention`` maps names to weights when asked.
+  pass over a whole target, logits ``(B, T, V)``; ``attention`` is ``{}`` unless asked.
+
+The attention of ``forward(..., need_weights=True)`` has one structure in both families, a dict
+of lists with one ``(B, H, query, key)`` tensor per layer, first layer first::
+
+    "cross":        [(B, H, T, S)]  per decoder layer: target positions over the source
+    "encoder_self": [(B, H, S, S)]  per encoder layer: source over source
+    "decoder_self": [(B, H, T, T)]  per decoder layer: target over target (causal)
+
+The RNN's additive attention is one cross layer with one head, ``[(B, 1, T, S)]``; it has no
+self-attention (empty lists). ``encode(..., need_weights=True)`` puts ``encoder_self`` in
+``Encoded.attention``. Every row sums to 1 over the keys it may see and is 0 at the others.
 
 ``max_positions`` is the longest source or output the model can take (None: no limit).
 
@@ -17,17 +29,20 @@ so ``map_state(state, fn)`` can reorder or repeat it for beam search. Entries th
 source only go under the keys in ``SOURCE_KEYS``.
 """
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional
 
 from torch import Tensor
+
+ATTENTION_KEYS = ("cross", "encoder_self", "decoder_self")  # the attention of forward(..., need_weights=True)
+Attention = Dict[str, List[Tensor]]  # ATTENTION_KEYS -> one (B, H, query, key) tensor per layer
 
 
 @dataclass
 class Encoded:
-    memory: Tensor  # (B, S, D_enc) encoder output for every source position
+    memory: Tensor  # (B, S, D) encoder output for every source position (RNN: (B, S, 2D))
     src_mask: Tensor  # (B, S) True at real source tokens
-    final: Optional[Tensor] = None  # (B, D_final) a summary of the source (RNN: final states)
-    attention: Dict[str, Any] = field(default_factory=dict)  # encoder weights when asked
+    final: Optional[Tensor] = None  # (B, 2D) a summary of the source (RNN: final states; else None)
+    attention: Attention = field(default_factory=dict)  # {"encoder_self": [(B, H, S, S)]} when asked
 
 
 # Entries of a decoder state that depend on the source sentence only (the encoder output, its mask
@@ -37,7 +52,8 @@ SOURCE_KEYS = frozenset({"src_mask", "memory", "keys", "cross_k", "cross_v"})
 
 
 def map_state(state: Any, fn: Callable[[Tensor], Tensor], skip: FrozenSet[str] = frozenset()) -> Any:
-    """Apply ``fn`` to every tensor of a nested state (dict / list / tuple), except under dict keys in ``skip``."""
+    """Apply ``fn`` to every tensor of a nested state (dict / list / tuple), except under dict keys in
+    ``skip``."""
     if isinstance(state, Tensor):
         return fn(state)
     if isinstance(state, dict):

@@ -8,6 +8,9 @@ The decoder runs the same code for training and for step-wise decoding: its self
 and values are kept in a per-layer cache that a full pass starts empty, and a decoding step
 extends by one position. The cross-attention keys and values are projected from the encoder
 output once per sentence.
+
+Shapes (the scheme of ``models/__init__.py``): ``D`` is ``d_model``, ``H`` heads, ``d_k = D / H``,
+``d_ff`` the feed-forward size, ``t`` target positions already in the cache.
 """
 from typing import Dict, List, Optional, Tuple
 
@@ -18,7 +21,7 @@ from models.attention import MultiHeadAttention
 from models.config import TransformerConfig
 from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding
 from models.masks import causal_mask, combine_masks, key_mask, padding_mask_from_ids
-from models.seq2seq import Encoded
+from models.seq2seq import Attention, Encoded
 
 LayerCache = Dict[str, Tensor]  # self_k, self_v (B, H, t, d_k) so far; cross_k, cross_v (B, H, S, d_k)
 
@@ -28,10 +31,13 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, ff_size: int, dropout: float):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d_model, ff_size), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_size, d_model))
+        self.net = nn.Sequential(
+            nn.Linear(d_model, ff_size), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_size, d_model)
+        )
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)  # (B, L, D)
+        """``(B, T, D)`` -> ``(B, T, D)`` (through ``d_ff`` hidden units), every position alike."""
+        return self.net(x)  # (B, T, D)
 
 
 class Residual(nn.Module):
@@ -44,15 +50,18 @@ class Residual(nn.Module):
         self.pre_norm = pre_norm
 
     def inputs(self, x: Tensor) -> Tensor:
-        """What the sub-layer reads: the normalised ``x`` (pre-norm) or ``x`` itself."""
-        return self.norm(x) if self.pre_norm else x
+        """What the sub-layer reads: the normalised ``x`` (pre-norm) or ``x`` itself, ``(B, T, D)``."""
+        return self.norm(x) if self.pre_norm else x  # (B, T, D)
 
     def add(self, x: Tensor, sublayer_out: Tensor) -> Tensor:
-        out = x + self.dropout(sublayer_out)
-        return out if self.pre_norm else self.norm(out)
+        """``x`` plus the dropped-out sub-layer output, both ``(B, T, D)`` (post-norm: then normalised)."""
+        out = x + self.dropout(sublayer_out)  # (B, T, D)
+        return out if self.pre_norm else self.norm(out)  # (B, T, D)
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward sub-layers, each in a ``Residual``."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         pre = cfg.norm == "pre"
@@ -62,15 +71,18 @@ class EncoderLayer(nn.Module):
         self.ff_residual = Residual(cfg.d_model, cfg.dropout, pre)
 
     def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
-        """``x`` ``(B, S, D)``, ``mask`` ``(B, 1, 1, S)`` -> ``(B, S, D)``, weights ``(B, H, S, S)`` or None."""
+        """``x`` ``(B, S, D)``, ``mask`` ``(B, 1, 1, S)`` -> ``(B, S, D)`` and self-attention weights
+        ``(B, H, S, S)`` (None unless ``need_weights``)."""
         h = self.attn_residual.inputs(x)  # (B, S, D)
-        attended, weights = self.self_attn(h, h, h, mask, need_weights)  # (B, S, D)
+        attended, weights = self.self_attn(h, h, h, mask, need_weights)  # (B, S, D), (B, H, S, S) or None
         x = self.attn_residual.add(x, attended)  # (B, S, D)
         x = self.ff_residual.add(x, self.feed_forward(self.ff_residual.inputs(x)))  # (B, S, D)
         return x, weights
 
 
 class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention over the encoder output and feed-forward sub-layers."""
+
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         pre = cfg.norm == "pre"
@@ -88,7 +100,12 @@ class DecoderLayer(nn.Module):
         return {"self_k": empty, "self_v": empty, "cross_k": cross_k, "cross_v": cross_v}
 
     def forward(
-        self, x: Tensor, cache: LayerCache, self_mask: Optional[Tensor], cross_mask: Tensor, need_weights: bool = False
+        self,
+        x: Tensor,
+        cache: LayerCache,
+        self_mask: Optional[Tensor],
+        cross_mask: Tensor,
+        need_weights: bool = False,
     ) -> Tuple[Tensor, LayerCache, Tuple[Optional[Tensor], Optional[Tensor]]]:
         """Decode ``T`` new positions ``x`` ``(B, T, D)`` after the ``t`` positions in ``cache``.
 
@@ -101,13 +118,17 @@ class DecoderLayer(nn.Module):
         new_k, new_v = self.self_attn.project_kv(h, h)  # (B, H, T, d_k) x 2
         self_k = torch.cat([cache["self_k"], new_k], dim=2)  # (B, H, t + T, d_k)
         self_v = torch.cat([cache["self_v"], new_v], dim=2)  # (B, H, t + T, d_k)
-        attended, self_weights = self.self_attn.attend(h, self_k, self_v, self_mask, need_weights)  # (B, T, D)
+        attended, self_weights = self.self_attn.attend(
+            h, self_k, self_v, self_mask, need_weights
+        )  # (B, T, D), (B, H, T, t + T) or None
         x = self.self_residual.add(x, attended)  # (B, T, D)
         h = self.cross_residual.inputs(x)  # (B, T, D)
-        attended, cross_weights = self.cross_attn.attend(h, cache["cross_k"], cache["cross_v"], cross_mask, need_weights)
+        attended, cross_weights = self.cross_attn.attend(
+            h, cache["cross_k"], cache["cross_v"], cross_mask, need_weights
+        )  # (B, T, D), (B, H, T, S) or None
         x = self.cross_residual.add(x, attended)  # (B, T, D)
         x = self.ff_residual.add(x, self.feed_forward(self.ff_residual.inputs(x)))  # (B, T, D)
-        cache = {"self_k": self_k, "self_v": self_v, "cross_k": cache["cross_k"], "cross_v": cache["cross_v"]}
+        cache = dict(cache, self_k=self_k, self_v=self_v)  # cross_k, cross_v as they were
         return x, cache, (self_weights, cross_weights)
 
 
@@ -122,7 +143,10 @@ class Transformer(nn.Module):
         self.max_positions = cfg.max_positions  # longest source or output it can take
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, cfg.d_model, pad_id, scale=True)
         share = cfg.share_embeddings and src_vocab_size == tgt_vocab_size
-        self.src_embed = self.tgt_embed if share else TokenEmbedding(src_vocab_size, cfg.d_model, pad_id, scale=True)
+        if share:
+            self.src_embed = self.tgt_embed
+        else:
+            self.src_embed = TokenEmbedding(src_vocab_size, cfg.d_model, pad_id, scale=True)
         self.positions = PositionalEncoding(cfg.d_model, cfg.positions, cfg.max_positions)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
@@ -136,57 +160,69 @@ class Transformer(nn.Module):
         """``src`` ids ``(B, S)``, ``src_mask`` ``(B, S)`` -> ``Encoded`` with memory ``(B, S, D)``.
 
         With ``need_weights`` the encoder self-attention of every layer, ``(B, H, S, S)`` each, is
-        in ``attention["encoder_self"]``.
+        in ``attention["encoder_self"]``; else the attention is ``{}``.
         """
         x = self.dropout(self.positions(self.src_embed(src)))  # (B, S, D)
         mask = key_mask(src_mask)  # (B, 1, 1, S)
         weights: List[Optional[Tensor]] = []
         for layer in self.encoder_layers:
-            x, layer_weights = layer(x, mask, need_weights)  # (B, S, D)
+            x, layer_weights = layer(x, mask, need_weights)  # (B, S, D), (B, H, S, S) or None
             weights.append(layer_weights)
-        attention = {"encoder_self": weights} if need_weights else {}
-        return Encoded(memory=self.encoder_norm(x), src_mask=src_mask, attention=attention)
+        attention: Attention = {"encoder_self": weights} if need_weights else {}
+        memory = self.encoder_norm(x)  # (B, S, D)
+        return Encoded(memory=memory, src_mask=src_mask, attention=attention)
 
     def start_state(self, encoded: Encoded) -> Dict[str, object]:
+        """``{"src_mask": (B, S), "layers": [LayerCache per decoder layer]}``: cross-attention keys and
+        values of the source, empty self-attention caches."""
         layers = [layer.start_cache(encoded.memory) for layer in self.decoder_layers]
         return {"src_mask": encoded.src_mask, "layers": layers}
 
     def decode(
-        self, tokens: Tensor, state: Dict[str, object], self_mask: Optional[Tensor], need_weights: bool = False
+        self,
+        tokens: Tensor,
+        state: Dict[str, object],
+        self_mask: Optional[Tensor],
+        need_weights: bool = False,
     ) -> Tuple[Tensor, Dict[str, object], Dict[str, List[Optional[Tensor]]]]:
-        """Run the decoder over ``T`` new target tokens ``(B, T)`` after those in ``state``.
+        """Run the decoder over ``T`` new target tokens ``(B, T)`` after the ``t`` in ``state``.
 
         Returns logits ``(B, T, V)``, the extended state, and per-layer weights
-        ``{"decoder_self": [(B, H, T, t + T)], "cross": [(B, H, T, S)]}`` (None entries unless asked).
+        ``{"cross": [(B, H, T, S)], "decoder_self": [(B, H, T, t + T)]}`` (None entries unless asked).
         """
-        offset = state["layers"][0]["self_k"].size(2) if state["layers"] else 0
+        offset = state["layers"][0]["self_k"].size(2) if state["layers"] else 0  # t
         x = self.dropout(self.positions(self.tgt_embed(tokens), offset))  # (B, T, D)
         cross_mask = key_mask(state["src_mask"])  # (B, 1, 1, S)
         caches, self_weights, cross_weights = [], [], []
         for layer, cache in zip(self.decoder_layers, state["layers"]):
-            x, cache, (self_w, cross_w) = layer(x, cache, self_mask, cross_mask, need_weights)  # (B, T, D)
+            x, cache, (self_w, cross_w) = layer(
+                x, cache, self_mask, cross_mask, need_weights
+            )  # (B, T, D), weights (B, H, T, t + T) and (B, H, T, S) or None
             caches.append(cache)
             self_weights.append(self_w)
             cross_weights.append(cross_w)
         logits = self.output(self.decoder_norm(x))  # (B, T, V)
         state = {"src_mask": state["src_mask"], "layers": caches}
-        return logits, state, {"decoder_self": self_weights, "cross": cross_weights}
+        return logits, state, {"cross": cross_weights, "decoder_self": self_weights}
 
     def forward(
         self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False
-    ) -> Tuple[Tensor, Dict[str, List[Optional[Tensor]]]]:
-        """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` -> logits ``(B, T, V)``.
+    ) -> Tuple[Tensor, Attention]:
+        """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
+        logits ``(B, T, V)`` and the attention.
 
-        The decoder self-attention sees earlier positions only (causal mask) and no padding.
+        The decoder self-attention sees earlier positions only (causal mask) and no padding. With
+        ``need_weights`` the attention (``models/seq2seq.py``) holds ``cross`` ``[(B, H, T, S)]`` and
+        ``decoder_self`` ``[(B, H, T, T)]`` per decoder layer, ``encoder_self`` ``[(B, H, S, S)]`` per
+        encoder layer; else ``{}``.
         """
         encoded = self.encode(src, src_mask, need_weights)
         tgt_len = tgt_in.size(1)
-        self_mask = combine_masks(
-            causal_mask(tgt_len, device=tgt_in.device), key_mask(padding_mask_from_ids(tgt_in, self.pad_id))
-        )  # (B, 1, T, T)
+        tgt_keys = key_mask(padding_mask_from_ids(tgt_in, self.pad_id))  # (B, 1, 1, T)
+        self_mask = combine_masks(causal_mask(tgt_len, device=tgt_in.device), tgt_keys)  # (B, 1, T, T)
         logits, _, attention = self.decode(tgt_in, self.start_state(encoded), self_mask, need_weights)
-        attention.update(encoded.attention)
-        return logits, attention
+        # logits (B, T, V)
+        return logits, ({**attention, **encoded.attention} if need_weights else {})
 
     def decode_step(
         self, tokens: Tensor, state: Dict[str, object], need_weights: bool = False
@@ -195,4 +231,4 @@ class Transformer(nn.Module):
         layer's cross-attention averaged over heads ``(B, S)``."""
         logits, state, attention = self.decode(tokens.unsqueeze(1), state, None, need_weights)  # (B, 1, V)
         weights = attention["cross"][-1][:, :, 0].mean(dim=1) if need_weights else None  # (B, S)
-        return logits[:, 0], state, weights
+        return logits[:, 0], state, weights  # (B, V), state, (B, S) or None

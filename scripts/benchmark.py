@@ -148,26 +148,21 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
     from hydra import compose, initialize_config_dir
 
     from data.corpus import TRAIN
-    from training.board import Board
     from training.config import register_configs
     from training.trainer import Trainer
 
     register_configs()
     overrides = [f"model={args.model}", f"data.root={args.data}", f"device={args.device}", "trainer.eval_every=1000000000",
-                 "trainer.log_every=1000000000", "trainer.max_epochs=null", f"trainer.max_steps={args.warmup}", *args.overrides]
+                 "trainer.log_every=1000000000", "trainer.max_epochs=null", *args.overrides]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(cfg, Path(scratch))
-        trainer.board = Board(Path(scratch) / "tb")
-        p, start = trainer.progress, time.perf_counter()
-        while trainer.train_epoch(start) is None:  # warm-up: allocator, caches, first batches
-            pass
+        p = trainer.progress
+        trainer.fit(max_steps=args.warmup, evaluate_last=False)  # warm-up: allocator, caches, first batches
         seconds, tokens = p.step_seconds, p.tgt_tokens
-        trainer.tc.max_steps = args.warmup + args.steps
-        while trainer.train_epoch(start) is None:
-            pass
-        trainer.board.close()
+        trainer.fit(max_steps=args.warmup + args.steps, evaluate_last=False)
+        trainer.close()
         seconds, tokens = p.step_seconds - seconds, p.tgt_tokens - tokens
         epoch_tokens = sum(trainer.data.datasets[TRAIN].tgt_lengths())  # target tokens + EOS of one epoch
         if trainer.device.type == "cuda":

@@ -31,12 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from data.corpus import read_lines  # noqa: E402  (neither imports torch: this script stays quick to start)
 from data.errors import DataError  # noqa: E402
-from training.files import AtomicFile  # noqa: E402
+from common.files import AtomicFile  # noqa: E402
+from common.settings import NOT_SETTINGS, flatten  # noqa: E402
 
 RESULTS = "results.json"
 REQUIRED = ("model", "params", "steps", "epochs", "train_seconds", "train_tokens_per_second", "valid", "test")
-# Overrides that do not change what a run computes: left out of groups and their labels.
-NOT_A_SETTING = ("seed", "data.root", "data.cache_dir", "trainer.resume", "device", "hydra.")
+# Keys left out of groups and their labels: the shared NOT_SETTINGS (where data, caches and
+# checkpoints lie) and, for comparisons only, the seed (runs that differ only by it form a group),
+# the device and hydra.* overrides (where and how a run was launched). Elsewhere these are settings:
+# a resume must repeat the seed, which decides the batches.
+NOT_A_SETTING = (*NOT_SETTINGS, "seed", "device", "hydra.")
 
 
 class CompareError(Exception):
@@ -67,19 +71,8 @@ class Run:
     def group_key(self) -> str:
         if self.config is None:
             return str(self.path)  # nothing to compare with: a group of its own
-        settings = {k: v for k, v in _flat(self.config).items() if not k.startswith(NOT_A_SETTING)}
+        settings = {k: v for k, v in flatten(self.config).items() if not k.startswith(NOT_A_SETTING)}
         return json.dumps(settings, sort_keys=True, default=str)
-
-
-def _flat(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """``{"trainer": {"lr": 1e-3}}`` as ``{"trainer.lr": 1e-3}``."""
-    flat: Dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _override_key(override: str) -> str:

@@ -1,8 +1,11 @@
 """Export images of a run's TensorBoard events as PNG files (TensorBoard's own event reader).
 
     python scripts/tb_images.py RUN/tb --list                            # image tags and their steps
-    python scripts/tb_images.py RUN/tb --tag attention/sent1/cross --out cross.png   # last step
-    python scripts/tb_images.py RUN/tb --tag attention/sent1/cross --step 478 --out cross.png
+    python scripts/tb_images.py RUN/tb --tag attention/sent1/cross_layer1 --out cross.png   # last step
+    python scripts/tb_images.py RUN/tb --tag attention/sent1/cross_layer3_mean --step 478 --out mean.png
+
+Tags are those of ``training/board.py`` (``cross_layer1`` is an RNN's additive attention,
+``cross_layer3_mean`` the last layer of a 3-layer Transformer, heads averaged).
 
 The PNG is the image as TensorBoard shows it (the heatmap with tokens on the axes), byte for byte.
 """
@@ -12,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from training.files import AtomicFile  # noqa: E402
+from common.files import AtomicFile  # noqa: E402
 
 
 def load_images(tb_dir: Path):

@@ -130,8 +130,6 @@ def trained_slice_models(multi30k_slice, compose_config, tmp_path_factory):
     by the translate.py tests (a model that has memorised its training pairs translates them)."""
     import time
 
-    from training.board import Board
-    from training.checkpoint import save_checkpoint
     from training.trainer import Trainer
 
     models = {}
@@ -141,15 +139,11 @@ def trained_slice_models(multi30k_slice, compose_config, tmp_path_factory):
             f"data.root={multi30k_slice}", f"data.cache_dir={run / 'cache'}", f"data.train_limit={LEARNING_PAIRS}",
             "data.vocab_size=600", "trainer.batch_tokens=2000", "trainer.schedule=constant", "trainer.warmup_steps=20",
             "trainer.label_smoothing=0.0", "trainer.eval_every=1000000", "trainer.log_every=1000000",
-            "trainer.patience=null", "trainer.max_epochs=null", *extra,
+            "trainer.patience=null", "trainer.max_epochs=null", "trainer.attention_samples=0", *extra,
         ]
         trainer = Trainer(compose_config(overrides), run)
-        trainer.board = Board(run / "tb")
         start = time.perf_counter()
-        while trainer.train_epoch(start) is None:
-            pass
-        trainer.board.close()
-        path = run / "checkpoints" / "best.pt"
-        save_checkpoint(trainer.checkpoint(), path)
-        models[family] = (trainer, path, time.perf_counter() - start)
+        trainer.fit()  # trainer.max_steps, then one evaluation that writes last.pt and best.pt
+        trainer.close()
+        models[family] = (trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start)
     return models

@@ -1,9 +1,10 @@
 import random
 
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
-from data.batching import ParallelDataset, TokenBucketSampler, collate, pack, padding_ratio
+from data.batching import ParallelDataset, TokenBucketSampler, collate, pack, pad, padding_ratio
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 BUDGET = 300
@@ -110,3 +111,11 @@ def test_bad_sampler_arguments():
         TokenBucketSampler([1], [1], 0)
     with pytest.raises(ValueError):
         TokenBucketSampler([1], [1], 10, rank=2, world_size=2)
+
+
+def test_pad_fills_each_row_after_its_end():
+    padded = pad([[5, 6, 7], [8], []])
+    assert padded.dtype == torch.long
+    assert padded.tolist() == [[5, 6, 7], [8, PAD_ID, PAD_ID], [PAD_ID, PAD_ID, PAD_ID]]
+    assert pad([[4], [4, 4]], pad_id=-1).tolist() == [[4, -1], [4, 4]]
+    assert pad([]).shape == (0, 0)

@@ -1,4 +1,6 @@
 """Faults in real runs (train.py subprocesses, tiny models, the Multi30k slice): signals, exact resume."""
+import fcntl
+import os
 import re
 import signal
 import subprocess
@@ -41,6 +43,44 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_
     assert all(torch.equal(a[k], b[k]) for k in a)  # bitwise: same ops, same order, same thread count on CPU
 
 
+def default_sigint() -> None:
+    """In the child: SIGINT at its default, even when the tests run with it ignored (a background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_sigint_inherited_as_ignored_stays_ignored(multi30k_slice, tmp_path):
+    """Started with SIGINT ignored (``nohup ... &``), training is not stopped by it, as Python itself
+    leaves such a signal ignored; SIGTERM still stops it."""
+    run = tmp_path / "run"
+    ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.max_steps=10"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
+    wait_for(process, " step 3/")
+    process.send_signal(signal.SIGINT)
+    rest = process.communicate(timeout=300)[0]
+    assert process.returncode == 0, rest[-2000:]
+    assert "SIGINT" not in rest and (run / "results.json").is_file()
+
+
+def test_a_second_process_training_into_a_run_folder_is_refused(multi30k_slice, tmp_path):
+    """The folder's lock is held (here by the test, as a running train.py holds it): a second
+    train.py there is refused with one line before it writes anything, its train.log included."""
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = os.open(run, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache"), capture_output=True, text=True,
+                              timeout=300)
+    finally:
+        os.close(holder)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"error: another process is training in {run} (it holds the folder's lock): wait for it to end, "
+        "or choose another hydra.run.dir"]
+    assert list(run.iterdir()) == []
+
+
 def wait_for(process: subprocess.Popen, text: str) -> str:
     """Read the process's output up to the first line holding ``text``; all of it so far."""
     seen = []
@@ -59,7 +99,7 @@ def test_a_second_signal_exits_at_once_and_the_previous_last_pt_survives(multi30
     frozen is the one left."""
     run = tmp_path / "run"
     process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=3"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
     wait_for(process, "valid step 3:")
     wait_for(process, " step 5/")
     process.send_signal(signal.SIGSTOP)

@@ -13,7 +13,7 @@ from torch import nn
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
-from models.search import beam_search, greedy_search, output_limits
+from models.search import beam_search, greedy_search, output_limits, search
 
 V = 40
 
@@ -206,6 +206,52 @@ def test_each_sentence_stops_at_its_own_limit(family):
     assert [len(h.tokens) for h in greedy] == expected
     assert [[len(h.tokens) for h in hyps] for hyps in beams] == [[n, n] for n in expected]
     assert not any(h.finished for h in greedy)
+
+
+class Recording(nn.Module):
+    """A model that records the number of rows ``decode_step`` gets at each step."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model, self.rows = model, []
+
+    def encode(self, src, src_mask, need_weights=False):
+        return self.model.encode(src, src_mask, need_weights)
+
+    def start_state(self, encoded):
+        return self.model.start_state(encoded)
+
+    def decode_step(self, tokens, state, need_weights=False):
+        self.rows.append(tokens.size(0))
+        return self.model.decode_step(tokens, state, need_weights)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_finished_sentences_leave_the_batch(family):
+    """Limits 5, 4, 3, 2 (never EOS): the decoder runs for live sentences only (beam: K rows each)."""
+    model = Recording(Biased(tiny(family), favour(EOS_ID, amount=-100.0)))
+    src, src_mask = sources()
+    limits = dict(max_len_ratio=0.5, max_len_extra=2)
+    greedy_search(model, src, src_mask, BOS_ID, EOS_ID, **limits)
+    assert model.rows == [4, 4, 3, 2, 1]
+    model.rows.clear()
+    beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, **limits)
+    assert model.rows == [4, 12, 9, 6, 3]  # the first step: one hypothesis per sentence
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_search_dispatches_to_greedy_or_beam(family):
+    model = tiny(family)
+    src, src_mask = sources()
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=8)
+    one = search(model, src, src_mask, BOS_ID, EOS_ID, max_len=8)
+    assert [[h.tokens] for h in greedy] == [[h.tokens for h in hyps] for hyps in one]
+    assert [h.score for h in greedy] == [hyps[0].score for hyps in one]
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, alpha=0.6, nbest=2, max_len=8)
+    found = search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, alpha=0.6, nbest=2, max_len=8)
+    assert [[h.tokens for h in hyps] for hyps in found] == [[h.tokens for h in hyps] for hyps in beams]
+    with pytest.raises(ValueError, match="nbest=2"):
+        search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=1, nbest=2)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -96,7 +96,7 @@ def test_rnn_run_draws_its_additive_attention(multi30k_slice, compose_config, tm
     results = train(compose_config(overrides), tmp_path / "run")
     assert results["model"] == "rnn" and results["steps"] == 2
     images = set(scalar_and_image_tags(tmp_path / "run" / "tb")["images"])
-    assert images == {"attention/sent0/cross", "attention/sent1/cross"}
+    assert images == {"attention/sent0/cross_layer1", "attention/sent1/cross_layer1"}
 
 
 def free_port() -> int:

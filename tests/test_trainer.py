@@ -1,11 +1,8 @@
 """The training loop's own behaviour: seeding, schedule wiring, accumulation, resume, limits."""
-import time
-
 import pytest
 import torch
 
 from data.corpus import TRAIN
-from training.board import Board
 from training.checkpoint import load_checkpoint
 from training.trainer import Trainer
 
@@ -18,9 +15,7 @@ def make_trainer(multi30k_slice, compose_config, tmp_path, *extra) -> Trainer:
         "trainer.batch_tokens=1200", "trainer.warmup_steps=3", "trainer.log_every=1", "trainer.eval_every=1000000",
         "trainer.attention_samples=0", *TINY, *extra,
     ]
-    trainer = Trainer(compose_config(overrides), tmp_path)
-    trainer.board = Board(tmp_path / "tb")
-    return trainer
+    return Trainer(compose_config(overrides), tmp_path)
 
 
 def losses(trainer: Trainer, steps: int):
@@ -28,7 +23,7 @@ def losses(trainer: Trainer, steps: int):
     from data.batching import collate
 
     batches = list(trainer.sampler)[:steps]
-    return [trainer.train_step([collate([train[i] for i in b])])["loss"] for b in batches]
+    return [trainer.train_step([collate([train[i] for i in b])]).loss for b in batches]
 
 
 def test_same_seed_gives_the_same_losses_and_another_seed_does_not(multi30k_slice, compose_config, tmp_path):
@@ -48,13 +43,14 @@ def test_learning_rate_follows_the_schedule(multi30k_slice, compose_config, tmp_
 
 def test_max_steps_stops_inside_an_epoch_and_leaves_a_resumable_checkpoint(multi30k_slice, compose_config, tmp_path):
     trainer = make_trainer(multi30k_slice, compose_config, tmp_path, "trainer.max_steps=3", "trainer.eval_every=3")
-    reason = trainer.train_epoch(time.perf_counter())
+    reason = trainer.fit()
+    trainer.close()
     assert "max_steps" in reason and trainer.progress.step == 3 and trainer.progress.batches_done == 3
     payload = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
     assert payload["progress"]["step"] == 3
     resumed = make_trainer(multi30k_slice, compose_config, tmp_path, "trainer.max_steps=5", "trainer.eval_every=3",
                            f"trainer.resume={tmp_path / 'checkpoints' / 'last.pt'}")
-    resumed.maybe_resume()
+    resumed.resume()
     assert resumed.progress.step == 3 and resumed.progress.batches_done == 3
     for name, tensor in trainer.model.state_dict().items():
         assert torch.equal(tensor, resumed.model.state_dict()[name]), name
@@ -70,9 +66,9 @@ def test_accumulation_normalises_by_all_target_tokens(multi30k_slice, compose_co
     stats = one.train_step([collate([train[i] for i in a]), collate([train[i] for i in b])])
     both = make_trainer(multi30k_slice, compose_config, tmp_path / "both", "model.dropout=0.0")
     together = both.train_step([collate([train[i] for i in a + b])])
-    assert stats["tokens"] == together["tokens"]
-    assert stats["loss"] == pytest.approx(together["loss"], rel=1e-5)
-    assert stats["grad_norm"] == pytest.approx(together["grad_norm"], rel=1e-4)  # the same gradient
+    assert stats.tokens == together.tokens
+    assert stats.loss == pytest.approx(together.loss, rel=1e-5)
+    assert stats.grad_norm == pytest.approx(together.grad_norm, rel=1e-4)  # the same gradient
 
 
 def test_a_non_finite_step_changes_nothing_and_training_goes_on(multi30k_slice, compose_config, tmp_path):
@@ -83,18 +79,18 @@ def test_a_non_finite_step_changes_nothing_and_training_goes_on(multi30k_slice, 
     from data.batching import collate
 
     first, second = [collate([train[i] for i in b]) for b in list(trainer.sampler)[:2]]
-    assert not trainer.train_step([first])["skipped"]
+    assert not trainer.train_step([first]).skipped
     weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     moments = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items()}
     name, poisoned = next(iter(trainer.model.named_parameters()))
     with torch.no_grad():
         poisoned.view(-1)[0] = float("nan")
     stats = trainer.train_step([second])
-    assert stats["skipped"] and trainer.progress.step == 1
+    assert stats.skipped and trainer.progress.step == 1
     with torch.no_grad():
         poisoned.view(-1)[0] = weights[name].view(-1)[0]
     assert all(torch.equal(v, weights[k]) for k, v in trainer.model.state_dict().items())
     assert all(torch.equal(v, moments[k]) for k, v in trainer.optimizer.state_dict()["state"][0].items())
     assert all(p.grad is None for p in trainer.model.parameters())
     stats = trainer.train_step([second])
-    assert not stats["skipped"] and trainer.progress.step == 2
+    assert not stats.skipped and trainer.progress.step == 2

@@ -4,6 +4,7 @@ The models of ``trained_slice_models`` (conftest.py) have memorised 200 Multi30k
 so translating those sources must give back their references: a check of the whole path
 (checkpoint -> tokenizer -> batched search -> detokenized text in the input order).
 """
+import logging
 import os
 import random
 import re
@@ -17,8 +18,11 @@ import sacrebleu
 import torch
 
 from conftest import LEARNING_PAIRS, ROOT
+from data.specials import EOS_ID
 from data.tokenizer import normalize
-from training.checkpoint import load_checkpoint, save_checkpoint
+from models.search import MAX_LEN_EXTRA, MAX_LEN_RATIO
+from training.checkpoint import load_checkpoint, load_model, save_checkpoint
+from training.translator import Translator
 
 FAMILIES = ["rnn", "transformer"]
 
@@ -108,6 +112,76 @@ def test_alignments_are_well_formed_pharaoh(family, trained_slice_models, pairs)
         n_src, n_out = len(normalize(source).split()), len(hyp.split())
         assert all(0 <= i < n_src and 0 <= j < n_out for i, j in pairs_ij)
         assert sorted(j for _, j in pairs_ij) == list(range(n_out))  # every output word once
+
+
+def ends_at_once(checkpoint: Path, path: Path) -> Path:
+    """A copy of an RNN checkpoint whose model outputs EOS at once, whatever the input: empty translations."""
+    model, _, payload = load_model(checkpoint)
+    with torch.no_grad():
+        model.decoder.readout.weight.zero_()
+        model.decoder.readout.bias.fill_(1.0)  # the readout is tanh(1) everywhere
+        model.decoder.output.proj.weight.zero_()
+        model.decoder.output.proj.weight[EOS_ID] = 1.0  # logits: EOS > 0, every other token 0
+    save_checkpoint(dict(payload, model=model.state_dict()), path)
+    return path
+
+
+def test_an_empty_translation_keeps_the_tab_of_its_alignment(trained_slice_models, pairs, tmp_path):
+    """With --alignments every line is 'translation, tab, pairs', also for a sentence translated to
+    nothing; only a blank input line stays an empty line."""
+    _, checkpoint, _ = trained_slice_models["rnn"]
+    silent = ends_at_once(checkpoint, tmp_path / "silent.pt")
+    done = translate("--checkpoint", silent, "--alignments", stdin=f"{pairs[0][0]}\n\n{pairs[1][0]}\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "\t\n\n\t\n"
+    nbest = translate("--checkpoint", silent, "--alignments", "--nbest", 2, pairs[0][0])
+    assert [line.split(" ||| ")[1] for line in nbest.stdout.splitlines()][:1] == [""]
+    assert nbest.stdout.splitlines()[0].endswith("\t")
+
+
+def test_python_api_translates_like_the_command_line(trained_slice_models, pairs, caplog):
+    _, checkpoint, _ = trained_slice_models["transformer"]
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    sources = [pairs[i][0] for i in range(6)] + ["  "]
+    results = translator.translate(sources, beam=4, nbest=3, alignments=True, batch_size=4)
+    options = ["--device", "cpu", "--beam", 4, "--nbest", 3, "--batch-size", 4]
+    cli = translate("--checkpoint", checkpoint, *options, stdin="\n".join(sources) + "\n")
+    assert cli.returncode == 0, cli.stderr
+    expected = [f"{i} ||| {h.text} ||| {h.score:.4f}" for i, r in enumerate(results) for h in r.nbest]
+    assert cli.stdout.splitlines() == expected
+    for result in results[:-1]:
+        scores = [h.score for h in result.nbest]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+        assert (result.text, result.score) == (result.nbest[0].text, scores[0])
+        assert sorted(j for _, j in result.alignment) == list(range(len(result.out_words)))
+        assert result.words.shape == (len(result.out_words), len(result.src_words))
+    assert (results[-1].text, results[-1].score, results[-1].alignment) == ("", 0.0, [])  # blank: not decoded
+    greedy = translator.translate(sources[:2], beam=1)
+    assert all(r.alignment is None and len(r.nbest) == 1 for r in greedy)
+    assert [r.text for r in greedy] == [normalize(pairs[i][1]) for i in range(2)]  # memorised pairs
+    with caplog.at_level(logging.WARNING, logger="training.translator"):
+        translator.translate(["", " ".join([pairs[0][0]] * 150)], beam=1, max_len_ratio=0, max_len_extra=2)
+    assert "line 2: " in caplog.text and "translating the first 1023" in caplog.text
+    with pytest.raises(TypeError, match="list of sentences"):
+        translator.translate("Ein Mann.")
+    with pytest.raises(ValueError, match="nbest=5"):
+        translator.translate(sources, beam=4, nbest=5)
+
+
+def test_input_that_is_not_utf8_gives_one_error_line(trained_slice_models, tmp_path):
+    _, checkpoint, _ = trained_slice_models["rnn"]
+    latin1 = tmp_path / "latin1.de"
+    latin1.write_bytes("Ein Mann.\nZwei Männer.\n".encode("latin-1"))
+    done = translate("--checkpoint", checkpoint, "--input", latin1)
+    assert_one_error_line(done, f"input file {latin1} line 2: invalid UTF-8")
+
+
+def test_help_shows_the_search_length_defaults():
+    done = translate("--help", "--checkpoint", "x")
+    text = " ".join(done.stdout.split())
+    assert done.returncode == 0
+    assert f"source length ... (default: {MAX_LEN_RATIO})" in text
+    assert f"many tokens (default: {MAX_LEN_EXTRA})" in text
 
 
 def test_plots_one_png_per_sentence(trained_slice_models, pairs, tmp_path):

@@ -2,20 +2,27 @@
 
 Attention images are matplotlib figures (``add_figure``) with the real subword tokens on both
 axes, one colour scale (0 to 1) for every image, and a title naming the sentence, the kind of
-attention, the layer and the head. Tags sort naturally in TensorBoard's list::
+attention, the layer and the head. Both model families return one attention structure
+(``models/seq2seq.py``), so every model gets the same kinds of images; tags sort naturally in
+TensorBoard's list::
 
-    attention/sent0/cross                      RNN: additive attention
-    attention/sent0/cross_layer1_mean ...      Transformer: every decoder layer, heads averaged
-    attention/sent0/cross_layer3_head1 ...     Transformer: every head of the last decoder layer
-    attention/sent0/encoder_self_layer3_mean   Transformer: last encoder layer
+    attention/sent0/cross_layer1_mean ...      every decoder layer, heads averaged
+    attention/sent0/cross_layer3_head1 ...     every head of the last decoder layer
+    attention/sent0/encoder_self_layer3_mean   the last encoder layer, heads averaged (if any)
+
+A layer with a single head (the RNN's additive attention: one layer, one head) is drawn as it is,
+without ``_mean`` and without head images: the RNN has the one image ``attention/sent0/cross_layer1``.
 """
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence
 
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 
+from common.settings import flatten
 from training.figures import attention_figure
+
+KINDS = {"cross": "cross-attention", "encoder_self": "encoder self-attention"}  # kind -> title
 
 
 def _index(i: int, count: int) -> str:
@@ -23,29 +30,53 @@ def _index(i: int, count: int) -> str:
     return str(i).zfill(len(str(count - 1)))
 
 
-def attention_maps(attention: Mapping[str, Any], n_sentences: int) -> Iterator[Tuple[int, str, str, str, Tensor]]:
-    """``(sentence, tag suffix, title part, kind, weights)`` for every image of one batch of attention.
+class AttentionMap(NamedTuple):
+    """One image: sentence ``b``, tag suffix, title, kind (a key of ``KINDS``), ``(query, key)`` weights."""
 
-    ``attention`` is a model's ``forward(..., need_weights=True)`` output: ``cross`` as ``(B, T, S)``
-    (RNN) or per-layer lists ``cross`` ``[(B, H, T, S)]`` and ``encoder_self`` ``[(B, H, S, S)]``.
-    ``kind`` is ``cross`` (target by source) or ``encoder_self`` (source by source).
+    b: int
+    tag: str
+    title: str
+    kind: str
+    weights: Tensor
+
+
+def layer_map(kind: str, layers: Sequence[Tensor], layer: int, b: int) -> AttentionMap:
+    """Sentence ``b`` of layer ``layer`` (1-based) of ``layers`` ``[(B, H, query, key)]``, heads averaged."""
+    heads = layers[layer - 1][b]  # (H, query, key)
+    tag, title = f"{kind}_layer{_index(layer, len(layers) + 1)}", f"{KINDS[kind]}, layer {layer}"
+    if heads.size(0) == 1:
+        return AttentionMap(b, tag, title, kind, heads[0])
+    return AttentionMap(b, f"{tag}_mean", f"{title}, mean of heads", kind, heads.mean(0))
+
+
+def head_maps(cross: Sequence[Tensor], b: int) -> Iterator[AttentionMap]:
+    """Sentence ``b`` of every head of the last cross-attention layer, when it has several heads."""
+    last = cross[-1][b]  # (H, T, S)
+    n_layers, n_heads = len(cross), last.size(0)
+    if n_heads == 1:
+        return
+    layer = _index(n_layers, n_layers + 1)
+    for head in range(1, n_heads + 1):
+        tag = f"cross_layer{layer}_head{_index(head, n_heads + 1)}"
+        title = f"{KINDS['cross']}, layer {n_layers}, head {head}"
+        yield AttentionMap(b, tag, title, "cross", last[head - 1])
+
+
+def attention_maps(attention: Mapping[str, Sequence[Tensor]], n_sentences: int) -> Iterator[AttentionMap]:
+    """Every image of the first ``n_sentences`` sentences of one batch of attention.
+
+    ``attention`` is a model's ``forward(..., need_weights=True)`` output (``models/seq2seq.py``):
+    ``cross`` ``[(B, H, T, S)]`` per decoder layer, ``encoder_self`` ``[(B, H, S, S)]`` per encoder
+    layer (empty for the RNN). Per sentence: every cross layer (heads averaged), every head of the
+    last cross layer, the last encoder self-attention layer (heads averaged).
     """
-    cross = attention["cross"]
+    cross, encoder = attention["cross"], attention["encoder_self"]
     for b in range(n_sentences):
-        if isinstance(cross, Tensor):  # one additive attention
-            yield b, "cross", "additive attention", "cross", cross[b]
-            continue
-        layers = len(cross)
-        for layer, weights in enumerate(cross):
-            name = _index(layer + 1, layers + 1)
-            yield b, f"cross_layer{name}_mean", f"cross-attention, layer {layer + 1}, mean of heads", "cross", weights[b].mean(0)
-        last = cross[-1][b]  # (H, T, S)
-        for head in range(last.size(0)):
-            tag = f"cross_layer{_index(layers, layers + 1)}_head{_index(head + 1, last.size(0) + 1)}"
-            yield b, tag, f"cross-attention, layer {layers}, head {head + 1}", "cross", last[head]
-        encoder = attention["encoder_self"]
-        tag = f"encoder_self_layer{_index(len(encoder), len(encoder) + 1)}_mean"
-        yield b, tag, f"encoder self-attention, layer {len(encoder)}, mean of heads", "encoder_self", encoder[-1][b].mean(0)
+        for layer in range(1, len(cross) + 1):
+            yield layer_map("cross", cross, layer, b)
+        yield from head_maps(cross, b)
+        if encoder:
+            yield layer_map("encoder_self", encoder, len(encoder), b)
 
 
 class Board:
@@ -60,28 +91,37 @@ class Board:
             self.writer.add_scalar(tag, value, step)
 
     def attention(
-        self, attention: Mapping[str, Any], src_tokens: List[List[str]], tgt_tokens: List[List[str]], step: int
+        self,
+        attention: Mapping[str, Sequence[Tensor]],
+        src_tokens: List[List[str]],
+        tgt_tokens: List[List[str]],
+        step: int,
     ) -> None:
         """Draw every map of ``attention`` for sentences whose tokens are given (EOS included)."""
         count = len(src_tokens)
-        for b, suffix, what, kind, weights in attention_maps(attention, count):
-            src, tgt = src_tokens[b], tgt_tokens[b]
-            if kind == "cross":
-                rows, x_tokens, y_tokens, x_label, y_label = weights[: len(tgt), : len(src)], src, tgt, "source", "output"
+        for image in attention_maps(attention, count):
+            src, tgt = src_tokens[image.b], tgt_tokens[image.b]
+            if image.kind == "cross":
+                queries, x_label, y_label = tgt, "source", "output"
             else:
-                rows, x_tokens, y_tokens, x_label, y_label = weights[: len(src), : len(src)], src, src, "source (key)", "source (query)"
-            title = f"sentence {b}: {what}"
-            fig = attention_figure(rows.detach().cpu(), x_tokens, y_tokens, title, x_label, y_label)
-            self.writer.add_figure(f"attention/sent{_index(b, count)}/{suffix}", fig, step, close=True)
+                queries, x_label, y_label = src, "source (key)", "source (query)"
+            rows = image.weights[: len(queries), : len(src)].detach().cpu()  # (query, key) real tokens
+            title = f"sentence {image.b}: {image.title}"
+            fig = attention_figure(rows, src, queries, title, x_label, y_label)
+            tag = f"attention/sent{_index(image.b, count)}/{image.tag}"
+            self.writer.add_figure(tag, fig, step, close=True)
 
-    def samples(self, sources: Sequence[str], references: Sequence[str], hypotheses: Sequence[str], step: int) -> None:
+    def samples(
+        self, sources: Sequence[str], references: Sequence[str], hypotheses: Sequence[str], step: int
+    ) -> None:
         for i, (src, ref, hyp) in enumerate(zip(sources, references, hypotheses)):
             text = f"**source:** {src}  \n**reference:** {ref}  \n**hypothesis:** {hyp}"
             self.writer.add_text(f"samples/sent{_index(i, len(sources))}", text, step)
 
-    def hparams(self, params: Dict[str, Any], metrics: Dict[str, float]) -> None:
-        """Hyper-parameters and final scores for TensorBoard's HParams view (same run folder)."""
-        self.writer.add_hparams(params, metrics, run_name=".")
+    def hparams(self, config: Mapping[str, Any], metrics: Dict[str, float]) -> None:
+        """The run's config (nested, flattened here to ``model.d_model``, ...) and its final scores
+        for TensorBoard's HParams view (same run folder)."""
+        self.writer.add_hparams(hparam_values(config), metrics, run_name=".")
 
     def flush(self) -> None:
         self.writer.flush()
@@ -90,22 +130,42 @@ class Board:
         self.writer.close()
 
 
-def flat_params(tree: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
-    """Flatten a nested config into ``{"model.d_model": 256, ...}`` of bool/str/int/float values."""
-    flat: Dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flat_params(value, f"{name}."))
-        elif value is None or isinstance(value, (bool, str, int, float)):
-            flat[name] = "null" if value is None else value
-        else:
-            flat[name] = str(value)
-    return flat
+def hparam_values(config: Mapping[str, Any]) -> Dict[str, Any]:
+    """The flattened config as the values the HParams view takes: bool, str, int, float ("null" for None)."""
+    def value(v: Any) -> Any:
+        return "null" if v is None else v if isinstance(v, (bool, str, int, float)) else str(v)
+
+    return {key: value(v) for key, v in flatten(config).items()}
 
 
 class NullBoard:
-    """A Board that writes nothing: the ranks of a data-parallel run other than rank 0."""
+    """A Board that writes nothing: the ranks of a data-parallel run other than rank 0.
 
-    def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None
+    It has exactly Board's methods, so a call Board does not have fails here too.
+    """
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        pass
+
+    def attention(
+        self,
+        attention: Mapping[str, Sequence[Tensor]],
+        src_tokens: List[List[str]],
+        tgt_tokens: List[List[str]],
+        step: int,
+    ) -> None:
+        pass
+
+    def samples(
+        self, sources: Sequence[str], references: Sequence[str], hypotheses: Sequence[str], step: int
+    ) -> None:
+        pass
+
+    def hparams(self, config: Mapping[str, Any], metrics: Dict[str, float]) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -4,9 +4,11 @@ A checkpoint loads with ``torch.load(path, weights_only=True)`` and holds everyt
 ``translate.py`` needs (``model``, ``model_config``, ``tokenizer``) plus the training state for
 resuming (optimizer, step, epoch, RNG states, the resolved config).
 """
+import os
 import pickle
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Dict, Tuple
 
@@ -15,9 +17,10 @@ from torch import nn
 
 from data.specials import PAD_ID
 from data.tokenizer import Tokenizer
-from models.build import build_model, config_from_dict
+from models.build import build_model
+from models.config import config_from_dict
 from models.seq2seq import map_state
-from training.files import AtomicFile
+from common.files import AtomicFile
 
 FORMAT = 1
 
@@ -135,3 +138,16 @@ def load_model(path: Path, device: Any = "cpu") -> Tuple[nn.Module, Tokenizer, D
         raise CheckpointError(f"checkpoint {path} does not match its model config ({first})") from None
     model.load_state_dict(payload["model"])
     return model.to(device).eval(), tokenizer, payload
+
+
+def keep_recent(folder: Path, step: int, keep: int) -> None:
+    """Keep ``last.pt`` as ``step_<step>.pt`` too (a hard link: no second write), and only the ``keep`` newest of those."""
+    kept = folder / f"step_{step:07d}.pt"
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(folder / "last.pt", kept)
+    except OSError:  # no hard links on this file system: a copy, atomic like every checkpoint write
+        with open(folder / "last.pt", "rb") as source, AtomicFile(kept, "wb") as out:
+            shutil.copyfileobj(source, out)
+    for old in sorted(folder.glob("step_*.pt"))[:-keep]:
+        old.unlink()

@@ -10,8 +10,9 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from data.config import DataConfig, check_keys
-from models.config import FAMILIES, RNNConfig, TransformerConfig
+from common.settings import NOT_SETTINGS, check_keys
+from data.config import DataConfig
+from models.config import RNNConfig, TransformerConfig, config_from_dict
 
 
 @dataclass
@@ -61,7 +62,10 @@ class Config:
 
 
 def register_configs() -> None:
-    """Put the schemas in Hydra's ConfigStore (idempotent; call before composing)."""
+    """Put the schemas in Hydra's ConfigStore and the ``not_settings`` resolver in OmegaConf
+    (idempotent; call before composing)."""
+    # conf/config.yaml: sweep folders are named without the keys that are not settings
+    OmegaConf.register_new_resolver("not_settings", lambda *extra: [*NOT_SETTINGS, *extra], replace=True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=Config)
     store.store(group="model", name="rnn_schema", node=RNNConfig)
@@ -72,11 +76,32 @@ def register_configs() -> None:
 def model_config(node: DictConfig):
     """The ``model`` node as its dataclass (``RNNConfig`` or ``TransformerConfig``)."""
     obj = OmegaConf.to_object(node)
-    if isinstance(obj, (RNNConfig, TransformerConfig)):
+    if isinstance(obj, (RNNConfig, TransformerConfig)):  # typed by a conf/model/*.yaml schema
         check_keys(node, type(obj), "model")
-    if isinstance(obj, (RNNConfig, TransformerConfig)):
         return obj
-    name = obj.get("name") if isinstance(obj, dict) else None
-    if name not in FAMILIES:
-        raise ValueError(f"model.name must be one of {sorted(FAMILIES)}, got {name!r}")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(FAMILIES[name]), node))
+    return config_from_dict(obj)  # an untyped node (``+model=...``): the family its name gives
+
+
+def trainer_config(node: DictConfig) -> TrainerConfig:
+    """The ``trainer`` node as ``TrainerConfig``, with the range checks its types cannot express."""
+    check_keys(node, TrainerConfig, "trainer")
+    tc: TrainerConfig = OmegaConf.to_object(node)
+    check_trainer_config(tc)
+    return tc
+
+
+def check_trainer_config(tc: TrainerConfig) -> None:
+    """Range checks the schema's types cannot express; one line naming the key."""
+    at_least_one = {"batch_tokens": tc.batch_tokens, "accumulate": tc.accumulate, "log_every": tc.log_every,
+                    "beam_size": tc.beam_size, "eval_every": tc.eval_every, "patience": tc.patience,
+                    "keep_last": tc.keep_last, "max_bad_steps": tc.max_bad_steps,
+                    "max_epochs": tc.max_epochs, "max_steps": tc.max_steps, "num_threads": tc.num_threads}
+    for key, value in at_least_one.items():
+        if value is not None and value < 1:
+            raise ValueError(f"trainer.{key} must be at least 1, got {value}")
+    if tc.max_minutes is not None and tc.max_minutes <= 0:
+        raise ValueError(f"trainer.max_minutes must be positive, got {tc.max_minutes}")
+    if not 0.0 <= tc.label_smoothing < 1.0:
+        raise ValueError(f"trainer.label_smoothing must be in [0, 1), got {tc.label_smoothing}")
+    if tc.attention_samples < 0:
+        raise ValueError(f"trainer.attention_samples must be 0 or more, got {tc.attention_samples}")

@@ -1,4 +1,9 @@
-"""Which torch device to run on."""
+"""Where and how the model runs: the torch device, CPU threads and mixed precision."""
+import os
+from contextlib import nullcontext
+from functools import partial
+from typing import Callable, ContextManager, Optional
+
 import torch
 
 
@@ -20,3 +25,19 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"device {name} asked for, but there are {torch.cuda.device_count()} CUDA devices")
     return device
+
+
+def set_threads(device: torch.device, num_threads: Optional[int] = None) -> None:
+    """CPU threads: ``num_threads``, else the cores this process may use, shared by the ranks on
+    this machine (``LOCAL_WORLD_SIZE`` under torchrun)."""
+    if device.type != "cpu":
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(num_threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
+
+
+def autocast_for(device: torch.device, amp: bool) -> Callable[[], ContextManager]:
+    """A factory of the autocast context of a forward pass: bf16 on CUDA when ``amp``, else none."""
+    if device.type == "cuda" and amp:
+        return partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)
+    return nullcontext

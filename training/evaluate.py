@@ -6,11 +6,11 @@ from typing import Dict, Iterator, List, Tuple
 import torch
 from torch import nn
 
-from data.batching import Batch, ParallelDataset, TokenBucketSampler, collate
+from data.batching import Batch, ParallelDataset, TokenBucketSampler, collate, pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from models.masks import padding_mask_from_lengths
-from models.search import Hypothesis, beam_search, greedy_search
+from models.search import Hypothesis, search
 from training.loss import label_smoothed_nll
 
 
@@ -26,7 +26,9 @@ def src_mask_of(batch: Batch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, dataset: ParallelDataset, batch_tokens: int, device: torch.device, autocast=nullcontext) -> Dict[str, float]:
+def validation_loss(
+    model: nn.Module, dataset: ParallelDataset, batch_tokens: int, device: torch.device, autocast=nullcontext
+) -> Dict[str, float]:
     """Per-token NLL (no label smoothing) and perplexity of the references."""
     model.eval()
     total, tokens = 0.0, 0
@@ -52,12 +54,10 @@ def decode_ids(
     for batch in ordered_batches(dataset, max(batch_tokens // max(beam_size, 1), 64)):
         batch = batch.to(device)
         with autocast():
-            if beam_size == 1:
-                hyps = greedy_search(model, batch.src, src_mask_of(batch), BOS_ID, EOS_ID)
-            else:
-                hyps = [n[0] for n in beam_search(model, batch.src, src_mask_of(batch), BOS_ID, EOS_ID, beam_size, alpha)]
-        for index, hyp in zip(batch.indices.tolist(), hyps):
-            results[index] = hyp
+            src_mask = src_mask_of(batch)  # (B, S)
+            found = search(model, batch.src, src_mask, BOS_ID, EOS_ID, beam_size, alpha, pad_id=PAD_ID)
+        for index, hyps in zip(batch.indices.tolist(), found):
+            results[index] = hyps[0]
     return results
 
 
@@ -74,9 +74,7 @@ def output_attention(
     n = len(found)
     batch = collate([dataset[i] for i in range(n)]).to(device)
     out_ids = [(h.tokens + ([EOS_ID] if h.finished else [])) or [EOS_ID] for h in found]
-    tgt_in = torch.full((n, max(map(len, out_ids))), PAD_ID, dtype=torch.long, device=device)  # (B, T)
-    for row, ids in enumerate(out_ids):
-        tgt_in[row, : len(ids)] = torch.tensor([BOS_ID] + ids[:-1])
+    tgt_in = pad([[BOS_ID] + ids[:-1] for ids in out_ids], PAD_ID).to(device)  # (B, T)
     model.eval()
     _, attention = model(batch.src, src_mask_of(batch), tgt_in, need_weights=True)
     src_ids = [dataset.src[i] + [EOS_ID] for i in range(n)]

@@ -1,15 +1,17 @@
 """The run folder's guards: a run never silently writes over another one, and an unusable folder
 is refused before anything is written.
 
-``check_run_folder`` runs twice: from the Hydra callback ``RunFolderCheck`` (``conf/config.yaml``,
-``hydra.callbacks``), before Hydra creates the folder, opens ``train.log`` or does anything else
-there; and from ``training.trainer.prepare`` (in-process callers and each job of a sweep).
+``check_run_folder`` and the folder's lock (one process trains into a folder at a time) run twice:
+from the Hydra callback ``RunFolderCheck`` (``conf/config.yaml``, ``hydra.callbacks``), before
+Hydra creates the folder, opens ``train.log`` or does anything else there; and from
+``training.trainer.prepare`` (in-process callers and each job of a sweep).
 """
+import fcntl
 import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -62,6 +64,35 @@ def check_writable(folder: Path, key: str) -> None:
         raise RunFolderError(f"cannot write into {key}={folder} ({error.strerror}): choose a writable folder") from None
 
 
+_LOCKS: Dict[Path, int] = {}  # run folder -> the open descriptor that holds its lock in this process
+
+
+def lock_run_folder(out_dir: Path) -> None:
+    """Hold an exclusive ``flock`` on the run folder (created if needed) until ``unlock_run_folder``
+    or the end of this process: a second process that trains into the same folder is refused.
+    Taking it again in the process that holds it does nothing. Nothing is written into the folder."""
+    folder = Path(out_dir).resolve()
+    if folder in _LOCKS:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(handle)
+        raise RunFolderError(
+            f"another process is training in {out_dir} (it holds the folder's lock): wait for it to end, "
+            "or choose another hydra.run.dir"
+        ) from None
+    _LOCKS[folder] = handle
+
+
+def unlock_run_folder(out_dir: Path) -> None:
+    handle = _LOCKS.pop(Path(out_dir).resolve(), None)
+    if handle is not None:
+        os.close(handle)  # closing the descriptor releases the lock
+
+
 class RunFolderCheck(Callback):
     """Hydra callback: refuse a run (one ``error:`` line, exit 1) before Hydra touches its folder."""
 
@@ -69,8 +100,8 @@ class RunFolderCheck(Callback):
         if int(os.environ.get("RANK", 0)) > 0:  # torchrun: rank 0 checks the run folder, the others use its
             return
         folder = Path(str(config.hydra.run.dir))
-        self._refuse_on_error(lambda: (check_run_folder(folder, config.trainer.get("resume")),
-                                       check_writable(folder, "hydra.run.dir")))
+        self._refuse_on_error(lambda: (check_writable(folder, "hydra.run.dir"), lock_run_folder(folder),
+                                       check_run_folder(folder, config.trainer.get("resume"))))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._refuse_on_error(lambda: check_writable(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir"))

@@ -5,6 +5,7 @@ The first signal asks the training loop to stop after the step in progress: it s
 ``INTERRUPTED`` (75, EX_TEMPFAIL: try again later), not 1 (an error), so schedulers and scripts
 can tell a stop to resume from a crash. A second signal exits at once with ``128 + signal``;
 checkpoints are written to a temporary file and renamed, so the previous ``last.pt`` is intact.
+A signal that the process inherited as ignored (SIGINT under ``nohup ... &``) stays ignored.
 """
 import logging
 import os
@@ -50,6 +51,8 @@ class StopRequest:
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
             for signum in SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue  # ignored by whoever started us (nohup, a background job): it stays ignored, as in Python
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

@@ -1,0 +1,113 @@
+"""Test helpers shared by several test files (plain functions, not fixtures): finished run folders
+written in train.py's format, and the command-line scripts loaded as modules.
+
+A run folder as ``train.py`` leaves it (``training/trainer.py``: ``run``, ``Trainer.results`` and
+``Trainer.test``; ``train.py``: ``record_config``): ``results.json``, ``.hydra/config.yaml`` (the
+composed config) and ``.hydra/overrides.yaml`` (the command line's overrides), ``<split>.hyp`` and
+``<split>.ref`` (one sentence a line) and ``tb/`` (TensorBoard events; compare.py reads
+``valid/bleu`` and ``valid/train_seconds``).
+"""
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Iterable, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+SPLIT = "test_2016_flickr"
+Curve = Sequence[Tuple[int, float, float]]  # (step, training seconds, valid BLEU) of each evaluation
+
+
+def load_script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module (once per session), to call its functions and ``main(argv)``."""
+    key = f"scripts_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+def compose(overrides: Iterable[str]):
+    """``conf/config.yaml`` composed with ``overrides`` as ``train.py`` gets it (no ``hydra`` node)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from training.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def write_curve(tb_dir: Path, curve: Curve, seconds: bool = True) -> None:
+    """Validation scalars as ``Trainer.evaluate`` logs them: ``valid/bleu`` and, unless ``seconds``
+    is false (runs from before that tag), ``valid/train_seconds`` at each evaluation's step. A
+    second call appends a second events file, as a resumed run does."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tb_dir))
+    for step, train_seconds, bleu in curve:
+        writer.add_scalar("valid/bleu", bleu, step)
+        if seconds:
+            writer.add_scalar("valid/train_seconds", train_seconds, step)
+    writer.close()
+
+
+def write_run(folder: Path, hyps: Sequence[str], refs: Sequence[str], overrides: Sequence[str] = ("model=rnn",),
+              curve: Optional[Curve] = ((2, 30.0, 10.0), (4, 66.0, 20.0)), hydra: bool = True,
+              split: str = SPLIT, **results: Any) -> Path:
+    """A finished run in ``folder``: its config composed from ``overrides`` (recorded in ``.hydra/``
+    unless ``hydra`` is false), ``split`` decoded as ``hyps`` against ``refs`` and scored with the
+    project's metrics, the validation ``curve`` in ``tb/`` (none when ``None``). ``results``
+    replaces entries of ``results.json``."""
+    from omegaconf import OmegaConf
+
+    from training.metrics import corpus_scores, signatures
+
+    cfg = compose(overrides)
+    folder.mkdir(parents=True)
+    if hydra:
+        (folder / ".hydra").mkdir()
+        write_lines(folder / ".hydra" / "config.yaml", [OmegaConf.to_yaml(cfg)])
+        write_lines(folder / ".hydra" / "overrides.yaml", [OmegaConf.to_yaml(OmegaConf.create(list(overrides)))])
+    write_lines(folder / f"{split}.hyp", hyps)
+    write_lines(folder / f"{split}.ref", refs)
+    points = list(curve or [(1, 6.0, 0.0)])
+    if curve is not None:
+        write_curve(folder / "tb", curve)
+    history = [{"loss": 3.0, "ppl": 20.1, "bleu": bleu, "chrf": bleu + 20, "step": step, "epoch": step / 4}
+               for step, _, bleu in points]
+    best = max(history, key=lambda h: h["bleu"])
+    content = {
+        "model": cfg.model.name,
+        "params": 123456,
+        "steps": points[-1][0],
+        "epochs": points[-1][0] / 4,
+        "train_seconds": points[-1][1],
+        "train_tokens_per_second": 1500.5,
+        "device": "cpu",
+        "valid": {k: best[k] for k in ("loss", "ppl", "bleu", "chrf", "step")},
+        "test": {split: corpus_scores(hyps, refs)},
+        "sacrebleu": signatures(),
+        "valid_history": history,
+    }
+    content.update(results)
+    write_lines(folder / "results.json", [json.dumps(content, indent=2)])
+    return folder
+
+
+def sweep_job(sweep: Path, number: int, overrides: Sequence[str]) -> Path:
+    """The folder of job ``number`` of a Hydra multirun in ``sweep``: ``<number>_<overrides>``."""
+    return sweep / f"{number}_{','.join(sorted(overrides))}"
+
+
+def drop_words(refs: Sequence[str], every: int) -> Iterable[str]:
+    """A worse system's output: the words at positions 0, ``every``, ``2 * every``, ... of each line dropped."""
+    return [" ".join(w for i, w in enumerate(line.split()) if i % every) for line in refs]

@@ -1,0 +1,117 @@
+"""The end of a run: the best weights decode every test split with beam search into
+``<split>.hyp`` (references beside them in ``<split>.ref``), and the scores, the validation
+history and the sacrebleu signatures go into ``results.json`` and one summary line."""
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from common.files import AtomicFile
+from data.pipeline import PreparedData
+from training.evaluate import translate_split
+from training.metrics import corpus_scores, signatures
+from training.checkpoint import load_checkpoint
+from training.progress import Progress
+from training.signals import Interrupted
+
+if TYPE_CHECKING:
+    from training.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def write_lines(path: Path, lines) -> None:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def decode_test_split(model: nn.Module, data: PreparedData, split: str, out_dir: Path, batch_tokens: int, beam: int,
+                      alpha: float, device: torch.device, autocast: Callable[[], ContextManager]) -> Dict[str, float]:
+    """Beam-decode one test split into ``<split>.hyp`` (its references into ``<split>.ref``, for
+    significance tests by scripts/compare.py); its BLEU and chrF."""
+    tick = time.perf_counter()
+    hyps = translate_split(model, data.datasets[split], data.tokenizer, batch_tokens, device, beam, alpha, autocast)
+    write_lines(out_dir / f"{split}.hyp", hyps)
+    write_lines(out_dir / f"{split}.ref", data.references[split])
+    scores = corpus_scores(hyps, data.references[split])
+    log.info("test %s (beam %d): BLEU %.2f chrF %.2f (%.0f s)", split, beam, scores["bleu"], scores["chrf"],
+             time.perf_counter() - tick)
+    return scores
+
+
+def results_of(p: Progress, model_name: str, params: int, epochs: float, device: torch.device,
+               test: Dict[str, Dict[str, float]]) -> Dict[str, Any]:
+    """The contents of ``results.json``: the run, its best validation scores, its test scores."""
+    best: Dict[str, Optional[float]] = max(p.history, key=lambda h: h["bleu"]) if p.history else {}
+    return {
+        "model": model_name,
+        "params": params,
+        "steps": p.step,
+        "epochs": round(epochs, 3),
+        "train_seconds": round(p.train_seconds, 1),
+        "train_tokens_per_second": round(p.tgt_tokens / max(p.step_seconds, 1e-9), 1),
+        "device": str(device),
+        "valid": {k: best.get(k) for k in ("loss", "ppl", "bleu", "chrf")} | {"step": best.get("step")},
+        "test": test,
+        "sacrebleu": signatures(),
+        "valid_history": p.history,
+    }
+
+
+def write_results(out_dir: Path, results: Dict[str, Any]) -> None:
+    with AtomicFile(out_dir / "results.json") as out:
+        out.write(json.dumps(results, indent=2) + "\n")
+
+
+def hparam_metrics(results: Dict[str, Any]) -> Dict[str, float]:
+    """The final scores for TensorBoard's HParams view."""
+    metrics = {"hparam/valid_bleu": results["valid"]["bleu"] or 0.0}
+    for split, scores in results["test"].items():
+        metrics.update({f"hparam/{split}_bleu": scores["bleu"], f"hparam/{split}_chrf": scores["chrf"]})
+    return metrics
+
+
+def summary_line(results: Dict[str, Any]) -> str:
+    tests = ", ".join(f"{split} BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}" for split, s in results["test"].items())
+    return (
+        f"{results['model']} ({results['params']:,} params): {results['steps']} steps, {results['epochs']} epochs, "
+        f"{results['train_seconds']:.0f} s, {results['train_tokens_per_second']:.0f} tgt tok/s; "
+        f"best valid BLEU {results['valid']['bleu']:.2f}; {tests}"
+    )
+
+
+def decode_tests(trainer: "Trainer") -> Dict[str, Dict[str, float]]:
+    """Load the best checkpoint; beam-decode and score every test split (rank 0; the others: {})."""
+    if not trainer.world.main:
+        return {}
+    best = trainer.ckpt_dir / "best.pt"
+    if best.is_file():
+        trainer.model.load_state_dict(load_checkpoint(best)["model"])
+    tc, stop, results = trainer.tc, trainer.stop, {}
+    for split in trainer.data.test_splits:
+        if stop is not None and stop.signum is not None:  # training is over and saved: nothing to add
+            raise Interrupted(
+                f"{stop.name}: stopped before decoding test split {split}; training is finished "
+                f"({trainer.ckpt_dir / 'last.pt'}, step {trainer.progress.step}); decode the test splits with: "
+                f"python train.py trainer.resume=auto hydra.run.dir={trainer.out_dir} (and the same overrides)",
+                stop.signum)
+        results[split] = decode_test_split(trainer.model, trainer.data, split, trainer.out_dir,
+                                           trainer.eval_batch_tokens, tc.beam_size, tc.length_penalty,
+                                           trainer.device, trainer.autocast)
+    return results
+
+
+def finish(trainer: "Trainer", test: Dict[str, Dict[str, float]]) -> Optional[Dict[str, Any]]:
+    """Write ``results.json``, the HParams entry and the summary line (rank 0); the results."""
+    if not trainer.world.main:
+        return None
+    results = results_of(trainer.progress, trainer.model_cfg.name, trainer.params, trainer.epochs_done(),
+                         trainer.device, test)
+    write_results(trainer.out_dir, results)
+    trainer.board.hparams(OmegaConf.to_container(trainer.cfg, resolve=True), hparam_metrics(results))
+    log.info("summary: %s", summary_line(results))
+    return results

@@ -1,0 +1,70 @@
+"""One optimizer step: forward and label-smoothed loss over the step's batches (gradient
+accumulation), backward, gradient clipping, the learning rate of the step, the update. A step
+whose loss or gradient norm is not finite changes nothing: no update, no step counted."""
+import math
+from typing import Callable, ContextManager, List
+
+import torch
+from torch import nn
+
+from data.batching import Batch
+from data.specials import PAD_ID
+from training import distributed
+from training.config import TrainerConfig
+from training.distributed import World
+from training.evaluate import src_mask_of
+from training.loss import label_smoothed_nll
+from training.progress import StepStats
+from training.schedule import lr_at
+
+
+def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer:
+    kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+    if tc.optimizer not in kinds:
+        raise ValueError(f"trainer.optimizer must be adam or adamw, got {tc.optimizer!r}")
+    return kinds[tc.optimizer](model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+
+
+def learning_rate(step: int, tc: TrainerConfig) -> float:
+    """The rate of optimizer step ``step`` under the schedule of ``tc``."""
+    return lr_at(step, tc.schedule, tc.lr, tc.warmup_steps, tc.decay_rate, tc.decay_steps, tc.min_lr)
+
+
+def accumulate_gradients(forward: nn.Module, batches: List[Batch], tc: TrainerConfig, world: World,
+                         device: torch.device, autocast: Callable[[], ContextManager]) -> StepStats:
+    """Backward of the loss of every batch, normalised per target token of the whole step; the
+    summed loss and the tokens (every rank's batches together; lr and norm not known yet)."""
+    # Every rank's target tokens together: DDP averages the ranks' gradients, hence the factor world_size.
+    n_tokens = int(distributed.total(sum(b.n_tgt_tokens for b in batches), device))
+    total = 0.0
+    for k, batch in enumerate(batches):
+        batch = batch.to(device)
+        with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
+            with autocast():
+                logits, _ = forward(batch.src, src_mask_of(batch), batch.tgt_in)  # (B, T, V)
+            loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, tc.label_smoothing)
+            (loss / n_tokens * world.world_size).backward()
+        total += float(loss.detach())
+    total = distributed.total(total, device)  # every rank sees the same loss: the same skip decisions
+    return StepStats(total / n_tokens, float("nan"), float("nan"), n_tokens, skipped=False)
+
+
+def train_step(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, batches: List[Batch],
+               step: int, tc: TrainerConfig, world: World, device: torch.device,
+               autocast: Callable[[], ContextManager]) -> StepStats:
+    """Optimizer step number ``step`` over ``batches``; ``forward`` is ``model`` itself, its DDP wrapper
+    or its compiled form. Skipped (``stats.skipped``, gradients dropped) when not finite."""
+    model.train()
+    stats = accumulate_gradients(forward, batches, tc, world, device, autocast)
+    clip = tc.clip_grad_norm if tc.clip_grad_norm is not None else float("inf")
+    stats.grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip))
+    if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
+        optimizer.zero_grad(set_to_none=True)  # no update: weights, optimizer state and step stay as they were
+        stats.skipped = True
+        return stats
+    stats.lr = learning_rate(step, tc)
+    for group in optimizer.param_groups:
+        group["lr"] = stats.lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stats

@@ -1,0 +1,168 @@
+"""Translate sentences with a checkpoint of train.py, from Python (``translate.py`` is its command line).
+
+    from training.translator import Translator
+
+    translator = Translator.from_checkpoint("outputs/DATE/TIME/checkpoints/best.pt")  # device: auto
+    for result in translator.translate(["Ein Mann schläft.", "Zwei Hunde."], nbest=3, alignments=True):
+        print(result.text, result.score, result.alignment, [hyp.text for hyp in result.nbest])
+
+``translate`` returns one ``Translation`` per sentence, in the input order. Sentences are sorted by
+length and decoded ``batch_size`` at a time with ``models.search.search`` (greedy for a beam of 1).
+A blank sentence gives an empty translation (score 0) without decoding. A sentence longer than the
+model takes is cut, with a warning on the logger ``training.translator``.
+"""
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from data.batching import pad
+from data.specials import BOS_ID, EOS_ID, PAD_ID
+from data.tokenizer import Tokenizer
+from models.alignment import hard_alignment, piece_words, word_attention
+from models.masks import padding_mask_from_ids
+from models.search import MAX_LEN_EXTRA, MAX_LEN_RATIO, Hypothesis, search
+from training.checkpoint import load_model
+from training.device import pick_device
+from training.evaluate import detokenize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Translation:
+    """One translation. A result of ``Translator.translate`` has its best hypothesis's fields, and all its
+    hypotheses (best first, the best included) in ``nbest``."""
+
+    text: str
+    score: float  # log-probability; beam search divides it by the GNMT length penalty, greedy does not
+    alignment: Optional[List[Tuple[int, int]]] = None  # Pharaoh pairs (source word, output word), when asked
+    nbest: List["Translation"] = field(default_factory=list)
+    words: Optional[Tensor] = None  # (W_out, W_src) word attention, when alignments are asked (for plots)
+    src_words: List[str] = field(default_factory=list)  # the axes of ``words``
+    out_words: List[str] = field(default_factory=list)
+    finished: bool = True  # False: cut at the length limit before EOS
+
+
+def is_blank(sentence: str) -> bool:
+    """Nothing to translate: an empty line or white space only."""
+    return not sentence.strip()
+
+
+def blank_translation(alignments: bool) -> Translation:
+    """The result of a blank sentence: empty, score 0 (no alignment pairs, as there are no words)."""
+    empty = Translation("", 0.0, [] if alignments else None)
+    return replace(empty, nbest=[empty])
+
+
+def length_batches(lengths: Sequence[int], batch_size: int) -> List[List[int]]:
+    """Indices of ``lengths`` sorted by length (stable) and cut into batches of ``batch_size``."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def default_alpha(payload: Dict[str, Any]) -> float:
+    """The length penalty a run was tested with (``trainer.length_penalty`` of its config), else 1.0."""
+    trainer = (payload.get("config") or {}).get("trainer") or {}
+    value = trainer.get("length_penalty")
+    return 1.0 if value is None else float(value)
+
+
+def check_options(beam: int, nbest: int, alpha: float, batch_size: int) -> None:
+    """Raise ``ValueError`` naming the first bad argument of ``Translator.translate``."""
+    if beam < 1:
+        raise ValueError(f"beam={beam}: the beam size must be at least 1")
+    if not 1 <= nbest <= beam:
+        raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam})")
+    if alpha < 0:
+        raise ValueError(f"alpha={alpha}: the length penalty must be >= 0")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: must be at least 1")
+
+
+class Translator:
+    """A model and its tokenizer on one device, turning lists of sentences into translations."""
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device, alpha: float = 1.0):
+        self.model, self.tokenizer, self.device = model.eval(), tokenizer, device
+        self.alpha = alpha  # the default length penalty of ``translate``
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: Union[str, Path], device: Union[None, str, torch.device] = None
+    ) -> "Translator":
+        """Load a checkpoint of train.py (``training.checkpoint.CheckpointError`` when it cannot).
+
+        ``device``: None or ``"auto"`` (CUDA when there is one), ``"cpu"``, ``"cuda:N"`` or a torch
+        device. The default length penalty is the run's ``trainer.length_penalty``, else 1.0.
+        """
+        device = pick_device("auto" if device is None else str(device))
+        model, tokenizer, payload = load_model(Path(path), device)
+        return cls(model, tokenizer, device, default_alpha(payload))
+
+    def translate(
+        self, sentences: Sequence[str], beam: int = 5, alpha: Optional[float] = None, nbest: int = 1,
+        alignments: bool = False, batch_size: int = 64, max_len_ratio: float = MAX_LEN_RATIO,
+        max_len_extra: int = MAX_LEN_EXTRA, first_line: int = 1,
+    ) -> List[Translation]:
+        """One ``Translation`` per sentence, in the input order, with its ``nbest`` best hypotheses.
+
+        ``beam`` 1 is greedy search; ``alpha`` the GNMT length penalty (None: the run's);
+        ``alignments`` adds Pharaoh word alignments and word attention; the longest output is
+        ``max_len_ratio`` x source tokens + ``max_len_extra``. Warnings name sentence ``i`` as line
+        ``first_line + i``. Bad arguments raise ``ValueError``.
+        """
+        if isinstance(sentences, str):
+            raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
+        alpha = self.alpha if alpha is None else alpha
+        check_options(beam, nbest, alpha, batch_size)
+        options = dict(beam_size=beam, alpha=alpha, nbest=nbest, need_weights=alignments,
+                       max_len_ratio=max_len_ratio, max_len_extra=max_len_extra)
+        results = [blank_translation(alignments) for _ in sentences]
+        todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
+        ids = self.encode([sentences[i] for i in todo], [first_line + i for i in todo])
+        for chunk in length_batches([len(row) for row in ids], batch_size):
+            for k, hyps in zip(chunk, self.decode([ids[k] for k in chunk], **options)):
+                results[todo[k]] = self.result(ids[k], hyps, alignments)
+        return results
+
+    def encode(self, sentences: Sequence[str], numbers: Sequence[int]) -> List[List[int]]:
+        """Source ids with EOS; a sentence too long for the model is cut, with a warning naming its line."""
+        if not sentences:
+            return []
+        limit = getattr(self.model, "max_positions", None)  # source ids, EOS included (None: no limit)
+        encoded = []
+        for number, ids in zip(numbers, self.tokenizer.encode_src(sentences)):
+            if limit is not None and len(ids) + 1 > limit:
+                log.warning("line %d: %d subword tokens, more than the model takes (%d); "
+                            "translating the first %d", number, len(ids), limit - 1, limit - 1)
+                ids = ids[: limit - 1]
+            encoded.append(ids + [EOS_ID])
+        return encoded
+
+    def decode(self, batch: List[List[int]], **options: Any) -> List[List[Hypothesis]]:
+        """The n-best hypotheses of a batch of source id lists (``options``: of ``models.search.search``)."""
+        src = pad(batch, PAD_ID).to(self.device)  # (B, S)
+        src_mask = padding_mask_from_ids(src, PAD_ID)  # (B, S)
+        return search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
+
+    def result(self, src_ids: List[int], hyps: List[Hypothesis], alignments: bool) -> Translation:
+        """The ``Translation`` of one sentence: its best hypothesis, and all of them in ``nbest``."""
+        texts = detokenize(self.tokenizer, hyps)
+        found = [self.describe(src_ids, hyp, text, alignments) for hyp, text in zip(hyps, texts)]
+        return replace(found[0], nbest=found)
+
+    def describe(self, src_ids: List[int], hyp: Hypothesis, text: str, alignments: bool) -> Translation:
+        """One hypothesis with its text, and its word attention and alignment when asked."""
+        if not alignments:
+            return Translation(text, hyp.score, finished=hyp.finished)
+        src_pieces = self.tokenizer.src_pieces(src_ids[:-1])  # without EOS
+        out_pieces = self.tokenizer.tgt_pieces(hyp.tokens)
+        words = word_attention(hyp.alignment, src_pieces, out_pieces)  # (W_out, W_src)
+        return Translation(
+            text, hyp.score, hard_alignment(words), words=words, src_words=piece_words(src_pieces),
+            out_words=piece_words(out_pieces), finished=hyp.finished,
+        )
