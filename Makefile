@@ -3,6 +3,9 @@
 #   make test                          build/refresh .venv, then run pytest
 #   make test PYTHON=python3.12        build .venv from another interpreter
 #   make test PYTEST_ARGS='-k masks'   pass options to pytest
+#   make test-fast                     the suite without the tests marked slow
+#   make lint                          ruff check and ruff format --check (CI runs it before the tests)
+#   make format                        ruff format and the safe ruff fixes, in place
 #   make train                         build/refresh .venv, then train the default experiment
 #   make train ARGS='model=rnn data.root=DIR'   ... with Hydra overrides
 #   make bench-attention               the attention benchmark (scripts/bench_attention.py)
@@ -18,7 +21,7 @@ ARGS ?=
 PYTHON_EXPLICIT := $(if $(filter command line environment,$(origin PYTHON)),1,0)
 VPY := $(VENV)/bin/python
 
-.PHONY: venv train test bench-attention bench-translate bench-train compare clean-venv
+.PHONY: venv train test test-fast lint format bench-attention bench-translate bench-train compare clean-venv
 
 venv:
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" PYTHON_EXPLICIT=$(PYTHON_EXPLICIT) bash scripts/make_venv.sh
@@ -28,6 +31,17 @@ train: venv
 
 test: venv
 	$(VPY) -m pytest $(PYTEST_ARGS)
+
+test-fast: venv
+	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: venv
+	$(VPY) -m ruff check .
+	$(VPY) -m ruff format --check .
+
+format: venv
+	$(VPY) -m ruff check --fix .
+	$(VPY) -m ruff format .
 
 bench-attention: venv
 	$(VPY) scripts/bench_attention.py

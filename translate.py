@@ -166,9 +166,9 @@ def format_lines(index: int, source: str, result: "Translation", nbest: bool, al
 
 def write_plots(folder: Path, results: List["Translation"], first_index: int = 0) -> None:
     """One heatmap per sentence: ``<index>.png``, output words by source words, the best hypothesis."""
-    from training.figures import attention_figure
-
     import matplotlib.pyplot as plt
+
+    from training.figures import attention_figure
 
     folder.mkdir(parents=True, exist_ok=True)
     width = max(4, len(str(first_index + len(results))))

@@ -15,10 +15,10 @@ class RNNConfig:
     name: str = "rnn"
     cell: str = "gru"  # gru or lstm (encoder and decoder)
     embed_dim: int = 256
-    hidden_size: int = 256  # per direction in the encoder; the decoder state size
+    hidden_size: int = 256  # D: per direction in the encoder; the decoder state size
     encoder_layers: int = 1
     decoder_layers: int = 1
-    attention_size: int = 256  # h of the additive score w_v^T tanh(W_q q + W_k k)
+    attention_size: int = 256  # d_a, the hidden size of the additive score w_v^T tanh(W_q q + W_k k)
     dropout: float = 0.2  # on embeddings, between layers and on the pre-output layer
     tie_output: bool = True  # output projection shares the target embedding
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary only)

@@ -24,7 +24,7 @@ the state that depend only on the source (``models.seq2seq.SOURCE_KEYS``) are no
 ``search`` is the one entry point of the rest of the project: greedy for a beam of 1, else beam search.
 """
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -76,11 +76,16 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def _select(rows: Tensor) -> Callable[[Tensor], Tensor]:
+    """A function that takes the rows ``rows`` of a tensor (its first dimension, the batch)."""
+    return lambda x: x.index_select(0, rows)
+
+
 def _keep_rows(rows: Tensor, state: Any, *tensors: Optional[Tensor]) -> Tuple[Any, List[Optional[Tensor]]]:
-    """Drop finished sentences from the batch: keep only ``rows`` ``(N',)`` of the decoder state and of
-    each ``(N, ...)`` tensor (None stays None); the same rows everywhere, so they stay aligned."""
-    state = map_state(state, lambda x: x.index_select(0, rows))
-    return state, [None if t is None else t.index_select(0, rows) for t in tensors]
+    """Drop finished sentences from the batch: keep only ``rows`` of the decoder state and of each tensor
+    (None stays None), ``(A * K, ...)`` -> ``(A' * K, ...)`` (greedy: ``K = 1``), so they stay aligned."""
+    take = _select(rows)
+    return map_state(state, take), [None if t is None else take(t) for t in tensors]
 
 
 def _append(history: Optional[Tensor], step: Optional[Tensor]) -> Optional[Tensor]:
@@ -245,7 +250,7 @@ def beam_search(
         scores, rows, tokens = _prune(top, rows, new_tokens, is_eos, beam)  # (A * K,) each
         # Within sentences (K -> K): rows that depend on the source only stay; 1 -> K: all are copied.
         skip = SOURCE_KEYS if width == beam else frozenset()
-        state = map_state(state, lambda x: x.index_select(0, rows), skip=skip)
+        state = map_state(state, _select(rows), skip=skip)
         width = beam
         history = torch.cat([history.index_select(0, rows), tokens.unsqueeze(1)], dim=1)  # (A * K, t)
         if weights is not None:

@@ -18,6 +18,7 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
 ``--out DIR`` chooses where the two files go (default: the folder of runs when one is given, else
 the current folder). A PATH that holds no finished run is an error (exit 1).
 """
+
 import argparse
 import json
 import math
@@ -29,10 +30,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from data.corpus import read_lines  # noqa: E402  (neither imports torch: this script stays quick to start)
-from data.errors import DataError  # noqa: E402
+# None of these imports torch: this script stays quick to start.
 from common.files import AtomicFile  # noqa: E402
 from common.settings import NOT_SETTINGS, flatten  # noqa: E402
+from data.corpus import read_lines  # noqa: E402
+from data.errors import DataError  # noqa: E402
 
 RESULTS = "results.json"
 REQUIRED = ("model", "params", "steps", "epochs", "train_seconds", "train_tokens_per_second", "valid", "test")
@@ -61,7 +63,11 @@ class Run:
 
     def settings(self) -> List[str]:
         """The overrides that make this configuration (not the seed, paths or the model group)."""
-        return [o for o in self.overrides if not _override_key(o).startswith(NOT_A_SETTING) and _override_key(o) != "model"]
+        return [
+            o
+            for o in self.overrides
+            if not _override_key(o).startswith(NOT_A_SETTING) and _override_key(o) != "model"
+        ]
 
     def model_name(self) -> str:
         """The model config (``model=transformer_base``), else the family in results.json."""
@@ -101,7 +107,11 @@ def find_runs(path: Path) -> List[Path]:
     finished = _sorted_runs([p.parent for p in path.rglob(RESULTS)])
     if not finished:
         started = unfinished_runs(path)
-        detail = f" ({len(started)} run folder(s) without {RESULTS}: still training, interrupted or failed)" if started else ""
+        detail = (
+            f" ({len(started)} run folder(s) without {RESULTS}: still training, interrupted or failed)"
+            if started
+            else ""
+        )
         raise CompareError(
             f"{path} holds no finished run: no {RESULTS} below it{detail}; "
             "a run writes it when training and testing are done"
@@ -111,7 +121,11 @@ def find_runs(path: Path) -> List[Path]:
 
 def unfinished_runs(path: Path) -> List[Path]:
     """Run folders below ``path`` that Hydra started (``.hydra/config.yaml``) and that wrote no results."""
-    return [p.parent for p in path.rglob(".hydra") if (p / "config.yaml").is_file() and not (p.parent / RESULTS).is_file()]
+    return [
+        p.parent
+        for p in path.rglob(".hydra")
+        if (p / "config.yaml").is_file() and not (p.parent / RESULTS).is_file()
+    ]
 
 
 def read_run(folder: Path, name: str) -> Run:
@@ -144,11 +158,18 @@ def collect_runs(paths: Sequence[Path]) -> List[Run]:
                 seen.add(folder.resolve())
                 found.append((path, folder))
         for folder in unfinished_runs(path) if path.is_dir() else []:
-            print(f"warning: {folder} has no {RESULTS} (still training, interrupted or failed): left out", file=sys.stderr)
+            print(
+                f"warning: {folder} has no {RESULTS} (still training, interrupted or failed): left out",
+                file=sys.stderr,
+            )
     names = [folder.name if folder == path else str(folder.relative_to(path)) for path, folder in found]
     if len(set(names)) < len(names):
-        names = [str(Path(path.resolve().name) / name) if folder != path else str(Path(folder.resolve().parent.name) / name)
-                 for (path, folder), name in zip(found, names)]
+        names = [
+            str(Path(path.resolve().name) / name)
+            if folder != path
+            else str(Path(folder.resolve().parent.name) / name)
+            for (path, folder), name in zip(found, names)
+        ]
     return [read_run(folder, name) for (_, folder), name in zip(found, names)]
 
 
@@ -161,7 +182,9 @@ def test_splits(runs: Sequence[Run]) -> List[str]:
     return splits
 
 
-def paired_bootstrap(runs: Sequence[Run], split: str, samples: int) -> Tuple[Optional[Dict[str, List[Any]]], str]:
+def paired_bootstrap(
+    runs: Sequence[Run], split: str, samples: int
+) -> Tuple[Optional[Dict[str, List[Any]]], str]:
     """sacrebleu's paired bootstrap resampling of every run against the first on ``split``.
 
     Returns ``({"BLEU": [Result per run], "chrF": [...]}, signature text)``, or ``(None, why not)``
@@ -177,15 +200,20 @@ def paired_bootstrap(runs: Sequence[Run], split: str, samples: int) -> Tuple[Opt
             return None, f"{run.name} has no {hyp.name} and {ref.name}"
         hyps, refs = read_lines(hyp), read_lines(ref)
         if len(hyps) != len(refs):
-            raise CompareError(f"{hyp}: {len(hyps)} lines for {len(refs)} references in {ref}: the run folder is damaged")
+            raise CompareError(
+                f"{hyp}: {len(hyps)} lines for {len(refs)} references in {ref}: the run folder is damaged"
+            )
         if references is None:
             references = refs
         elif refs != references:
-            return None, f"{run.name} was scored against other references than {runs[0].name} (another data set or direction)"
+            other = f"other references than {runs[0].name} (another data set or direction)"
+            return None, f"{run.name} was scored against {other}"
         systems.append((run.name, hyps))
     if len(systems) < 2:
         return None, "one run: nothing to compare"
-    test = PairedTest(systems, {"BLEU": BLEU(), "chrF": CHRF()}, [references], test_type="bs", n_samples=samples)
+    test = PairedTest(
+        systems, {"BLEU": BLEU(), "chrF": CHRF()}, [references], test_type="bs", n_samples=samples
+    )
     signatures, scores = test()
     text = "; ".join(f"{name} `{sig}`" for name, sig in signatures.items())
     scores = {name: scores[key] for name, key in (("BLEU", "BLEU"), ("chrF", _metric_key(scores, "chrF")))}
@@ -235,12 +263,23 @@ def runs_table(runs: Sequence[Run], splits: Sequence[str]) -> List[str]:
     head = ["run", "model", "seed", "params", "steps", "epochs", "train time", "tgt tok/s", "valid BLEU"]
     for split in splits:
         head += [f"{split} BLEU", f"{split} chrF"]
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + " |"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "| " + " | ".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + " |",
+    ]
     for run in runs:
         r = run.results
-        cells = [f"`{run.name}`", r["model"], str(run.seed if run.seed is not None else "-"), f"{r['params']:,}",
-                 f"{r['steps']:,}", f"{r['epochs']:g}", _minutes(r["train_seconds"]), f"{r['train_tokens_per_second']:,.0f}",
-                 _score(r["valid"].get("bleu"))]
+        cells = [
+            f"`{run.name}`",
+            r["model"],
+            str(run.seed if run.seed is not None else "-"),
+            f"{r['params']:,}",
+            f"{r['steps']:,}",
+            f"{r['epochs']:g}",
+            _minutes(r["train_seconds"]),
+            f"{r['train_tokens_per_second']:,.0f}",
+            _score(r["valid"].get("bleu")),
+        ]
         for split in splits:
             scores = r["test"].get(split, {})
             cells += [_score(scores.get("bleu")), _score(scores.get("chrf"))]
@@ -264,9 +303,17 @@ def significance_table(runs: Sequence[Run], split: str, scores: Dict[str, List[A
 
 
 def seeds_table(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]:
-    head = ["configuration", "seeds", "valid BLEU"] + [f"{s} {m}" for s in splits for m in ("BLEU", "chrF")] + ["train time", "tgt tok/s"]
-    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | " + " | ".join(["---:"] * (len(head) - 2)) + " |"]
+    head = (
+        ["configuration", "seeds", "valid BLEU"]
+        + [f"{s} {m}" for s in splits for m in ("BLEU", "chrF")]
+        + ["train time", "tgt tok/s"]
+    )
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "| --- | ---: | " + " | ".join(["---:"] * (len(head) - 2)) + " |",
+    ]
     for group, label in zip(groups, group_labels(groups)):
+
         def cell(values: List[Optional[float]], fmt: str = "{:.2f}") -> str:
             values = [v for v in values if v is not None]
             if not values:
@@ -288,28 +335,38 @@ def report(runs: Sequence[Run], samples: int) -> str:
     """The Markdown report."""
     splits = test_splits(runs)
     lines = ["## Runs", ""] + runs_table(runs, splits) + [""]
-    lines.append("Valid BLEU: greedy search, best evaluation. Test scores: beam search with the best checkpoint.")
-    sacre = {json.dumps(r.results.get("sacrebleu"), sort_keys=True) for r in runs if r.results.get("sacrebleu")}
+    lines.append(
+        "Valid BLEU: greedy search, best evaluation. Test scores: beam search with the best checkpoint."
+    )
+    sacre = {
+        json.dumps(r.results.get("sacrebleu"), sort_keys=True) for r in runs if r.results.get("sacrebleu")
+    }
     for text in sorted(sacre):
         sig = json.loads(text)
         lines.append(f"sacrebleu signatures: BLEU `{sig.get('bleu')}`, chrF `{sig.get('chrf')}`")
     if len(sacre) > 1:
-        lines.append("**The runs were scored with different sacrebleu settings: their scores are not comparable.**")
+        lines.append(
+            "**The runs were scored with different sacrebleu settings: their scores are not comparable.**"
+        )
     for split in splits:
         lines += ["", f"## Significance on {split}", ""]
         scores, detail = paired_bootstrap(runs, split, samples)
         if scores is None:
             lines.append(f"No paired test: {detail}.")
             continue
-        lines.append(f"Paired bootstrap resampling ({samples} resamples of the test set) of each run against "
-                     f"`{runs[0].name}`: p is the probability of a difference at least this large if the two "
-                     "systems were equally good. Mean and 95% confidence interval over the resamples.")
+        lines.append(
+            f"Paired bootstrap resampling ({samples} resamples of the test set) of each run against "
+            f"`{runs[0].name}`: p is the probability of a difference at least this large if the two "
+            "systems were equally good. Mean and 95% confidence interval over the resamples."
+        )
         lines += [""] + significance_table(runs, split, scores) + ["", f"sacrebleu: {detail}"]
     groups = groups_of(runs)
     lines += ["", "## Seeds", ""]
     if all(len(g) == 1 for g in groups):
-        lines.append("One seed per configuration. On Multi30k a difference of a point of BLEU or less between "
-                     "single runs can be seed noise: sweep `seed=1,2,3` to measure the spread.")
+        lines.append(
+            "One seed per configuration. On Multi30k a difference of a point of BLEU or less between "
+            "single runs can be seed noise: sweep `seed=1,2,3` to measure the spread."
+        )
     else:
         lines.append("Runs whose configs differ only by `seed`: mean ± standard deviation over the seeds.")
         lines += [""] + seeds_table(groups, splits)
@@ -329,7 +386,9 @@ def bleu_curve(run: Run) -> Optional[Tuple[List[int], List[float], List[float]]]
     tags = set(events.Tags().get("scalars", []))
     if "valid/bleu" not in tags:
         return None
-    bleu = {e.step: e.value for e in events.Scalars("valid/bleu")}  # a resumed run logs a step again: keep the last
+    bleu = {
+        e.step: e.value for e in events.Scalars("valid/bleu")
+    }  # a resumed run logs a step again: keep the last
     if "valid/train_seconds" in tags:
         seconds = {e.step: e.value for e in events.Scalars("valid/train_seconds")}
     else:  # older runs: wall-clock time since the first event
@@ -372,8 +431,12 @@ def plot(runs: Sequence[Run], path: Path) -> List[str]:
 
 # ----- the command -----
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="a run folder or a folder of runs")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "paths", nargs="+", type=Path, metavar="PATH", help="a run folder or a folder of runs"
+    )
     parser.add_argument("--out", type=Path, help="folder for comparison.md and comparison.png")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples (default 1000)")
     parser.add_argument("--no-plot", action="store_true", help="do not write comparison.png")
@@ -407,7 +470,10 @@ def main(argv=None) -> int:
             missing = plot(runs, out / "comparison.png")
             written.append(out / "comparison.png")
             if missing:
-                print(f"warning: no validation curve in the TensorBoard events of {', '.join(missing)}", file=sys.stderr)
+                print(
+                    f"warning: no validation curve in the TensorBoard events of {', '.join(missing)}",
+                    file=sys.stderr,
+                )
     except (CompareError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -1,18 +1,22 @@
 """Test helpers shared by several test files (plain functions, not fixtures): finished run folders
 written in train.py's format, and the command-line scripts loaded as modules.
 
-A run folder as ``train.py`` leaves it (``training/trainer.py``: ``run``, ``Trainer.results`` and
-``Trainer.test``; ``train.py``: ``record_config``): ``results.json``, ``.hydra/config.yaml`` (the
-composed config) and ``.hydra/overrides.yaml`` (the command line's overrides), ``<split>.hyp`` and
-``<split>.ref`` (one sentence a line) and ``tb/`` (TensorBoard events; compare.py reads
-``valid/bleu`` and ``valid/train_seconds``).
+A run folder as ``train.py`` leaves it (``training/finish.py``: ``results_of``, ``decode_tests``;
+``training/trainer.py``: the ``valid/*`` scalars of each evaluation; ``train.py``:
+``record_config``): ``results.json``, ``.hydra/config.yaml`` (the composed config) and
+``.hydra/overrides.yaml`` (the command line's overrides), ``<split>.hyp`` and ``<split>.ref`` (one
+sentence a line) and ``tb/`` (TensorBoard events; compare.py reads ``valid/bleu`` and
+``valid/train_seconds``). tests/test_compare.py holds this format to a real ``train.py -m`` sweep.
 """
+
+import functools
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Iterable, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 SPLIT = "test_2016_flickr"
@@ -32,7 +36,13 @@ def load_script(name: str) -> ModuleType:
 
 def compose(overrides: Iterable[str]):
     """``conf/config.yaml`` composed with ``overrides`` as ``train.py`` gets it (no ``hydra`` node)."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    return _compose(tuple(overrides)).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _compose(overrides: Tuple[str, ...]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     from training.config import register_configs
 
@@ -47,11 +57,13 @@ def write_lines(path: Path, lines: Iterable[str]) -> Path:
 
 
 def write_curve(tb_dir: Path, curve: Curve, seconds: bool = True) -> None:
-    """Validation scalars as ``Trainer.evaluate`` logs them: ``valid/bleu`` and, unless ``seconds``
+    """Validation scalars as an evaluation logs them: ``valid/bleu`` and, unless ``seconds``
     is false (runs from before that tag), ``valid/train_seconds`` at each evaluation's step. A
     second call appends a second events file, as a resumed run does."""
     from torch.utils.tensorboard import SummaryWriter
 
+    if tb_dir.is_dir():  # event files are read in name order, which starts with the second they were made in
+        time.sleep(1.01 - time.time() % 1)
     writer = SummaryWriter(log_dir=str(tb_dir))
     for step, train_seconds, bleu in curve:
         writer.add_scalar("valid/bleu", bleu, step)
@@ -60,9 +72,16 @@ def write_curve(tb_dir: Path, curve: Curve, seconds: bool = True) -> None:
     writer.close()
 
 
-def write_run(folder: Path, hyps: Sequence[str], refs: Sequence[str], overrides: Sequence[str] = ("model=rnn",),
-              curve: Optional[Curve] = ((2, 30.0, 10.0), (4, 66.0, 20.0)), hydra: bool = True,
-              split: str = SPLIT, **results: Any) -> Path:
+def write_run(
+    folder: Path,
+    hyps: Sequence[str],
+    refs: Sequence[str],
+    overrides: Sequence[str] = ("model=rnn",),
+    curve: Optional[Curve] = ((2, 30.0, 10.0), (4, 66.0, 20.0)),
+    hydra: bool = True,
+    split: str = SPLIT,
+    **results: Any,
+) -> Path:
     """A finished run in ``folder``: its config composed from ``overrides`` (recorded in ``.hydra/``
     unless ``hydra`` is false), ``split`` decoded as ``hyps`` against ``refs`` and scored with the
     project's metrics, the validation ``curve`` in ``tb/`` (none when ``None``). ``results``
@@ -75,15 +94,18 @@ def write_run(folder: Path, hyps: Sequence[str], refs: Sequence[str], overrides:
     folder.mkdir(parents=True)
     if hydra:
         (folder / ".hydra").mkdir()
-        write_lines(folder / ".hydra" / "config.yaml", [OmegaConf.to_yaml(cfg)])
-        write_lines(folder / ".hydra" / "overrides.yaml", [OmegaConf.to_yaml(OmegaConf.create(list(overrides)))])
+        (folder / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+        overrides_yaml = OmegaConf.to_yaml(OmegaConf.create(list(overrides)))
+        (folder / ".hydra" / "overrides.yaml").write_text(overrides_yaml, encoding="utf-8")
     write_lines(folder / f"{split}.hyp", hyps)
     write_lines(folder / f"{split}.ref", refs)
     points = list(curve or [(1, 6.0, 0.0)])
     if curve is not None:
         write_curve(folder / "tb", curve)
-    history = [{"loss": 3.0, "ppl": 20.1, "bleu": bleu, "chrf": bleu + 20, "step": step, "epoch": step / 4}
-               for step, _, bleu in points]
+    history = [
+        {"loss": 3.0, "ppl": 20.1, "bleu": bleu, "chrf": bleu + 20, "step": step, "epoch": step / 4}
+        for step, _, bleu in points
+    ]
     best = max(history, key=lambda h: h["bleu"])
     content = {
         "model": cfg.model.name,
@@ -91,7 +113,7 @@ def write_run(folder: Path, hyps: Sequence[str], refs: Sequence[str], overrides:
         "steps": points[-1][0],
         "epochs": points[-1][0] / 4,
         "train_seconds": points[-1][1],
-        "train_tokens_per_second": 1500.5,
+        "train_tokens_per_second": 1500.0,
         "device": "cpu",
         "valid": {k: best[k] for k in ("loss", "ppl", "bleu", "chrf", "step")},
         "test": {split: corpus_scores(hyps, refs)},
@@ -99,7 +121,7 @@ def write_run(folder: Path, hyps: Sequence[str], refs: Sequence[str], overrides:
         "valid_history": history,
     }
     content.update(results)
-    write_lines(folder / "results.json", [json.dumps(content, indent=2)])
+    (folder / "results.json").write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     return folder
 
 
@@ -108,6 +130,7 @@ def sweep_job(sweep: Path, number: int, overrides: Sequence[str]) -> Path:
     return sweep / f"{number}_{','.join(sorted(overrides))}"
 
 
-def drop_words(refs: Sequence[str], every: int) -> Iterable[str]:
-    """A worse system's output: the words at positions 0, ``every``, ``2 * every``, ... of each line dropped."""
+def drop_words(refs: Sequence[str], every: int) -> List[str]:
+    """A worse system's output: the words at positions 0, ``every``, ``2 * every``, ... of each line
+    dropped."""
     return [" ".join(w for i, w in enumerate(line.split()) if i % every) for line in refs]

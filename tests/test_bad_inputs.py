@@ -3,9 +3,15 @@
 Each case asserts the message, the non-zero exit and that the earlier run in the folder is
 untouched: every file byte for byte, except ``train.log``, which may only have lines appended
 (Hydra opens it before ``train.py`` runs; the refusal is logged there too).
+
+Config values that ``prepare`` refuses are checked in this process (``prepare`` on a copy of the
+run), with one of them through the command line for its exit code and one ``error:`` line; keys
+and types that Hydra refuses while composing are in test_config.py.
 """
+
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -14,13 +20,19 @@ from typing import Dict
 
 import pytest
 import torch
-
 from conftest import ROOT, tiny_run
+from omegaconf.errors import ConfigKeyError
+
+from training.trainer import prepare
+
+TINY_STEPS = ["trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.eval_every=3"]
 
 
 def train(run_dir: Path, data_root: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
-    args = tiny_run(run_dir, data_root, cache, "trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.eval_every=3", *extra)
-    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, timeout=300)
+    args = tiny_run(run_dir, data_root, cache, *TINY_STEPS, *extra)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def snapshot(folder: Path) -> Dict[str, bytes]:
@@ -53,33 +65,76 @@ def bad_data(slice_dir: Path, target: Path, kind: str) -> Path:
 # Config and data faults are tried while continuing the finished run (trainer.resume=auto), the
 # case where a mistake could cost the most: its checkpoints and results must survive.
 CASES = [
-    ("unknown key", ["trainer.frobnicate=1"], "Key 'frobnicate' not in 'TrainerConfig'"),
-    ("unknown key added with +", ["trainer.resume=auto", "+trainer.frobnicate=1"], "error: unknown config key trainer.frobnicate"),
-    ("unknown data key", ["trainer.resume=auto", "+data.srcc=de"], "error: unknown config key data.srcc"),
-    ("wrong type", ["trainer.batch_tokens=many"], "Value 'many' of type 'str' could not be converted to Integer"),
-    ("value out of range", ["trainer.resume=auto", "trainer.keep_last=0"], "error: trainer.keep_last must be at least 1, got 0"),
-    ("data folder missing", ["trainer.resume=auto", "data.root={nothing}"], "error: data folder {nothing} does not exist"),
-    ("mismatched line counts", ["trainer.resume=auto", "data.root={short}"], "has 400 lines but {short}/train.en has 399"),
+    (
+        "unknown key added with +",
+        ["trainer.resume=auto", "+trainer.frobnicate=1"],
+        "error: unknown config key trainer.frobnicate",
+    ),
+    (
+        "data folder missing",
+        ["trainer.resume=auto", "data.root={nothing}"],
+        "error: data folder {nothing} does not exist",
+    ),
+    (
+        "mismatched line counts",
+        ["trainer.resume=auto", "data.root={short}"],
+        "has 400 lines but {short}/train.en has 399",
+    ),
     ("empty training split", ["trainer.resume=auto", "data.root={empty}"], "error: the training split of"),
-    ("vocabulary too large", ["trainer.resume=auto", "data.vocab_size=100000"], "error: data.vocab_size=100000 does not fit this training data"),
-    ("resume=auto with nothing to resume", ["hydra.run.dir={fresh}", "trainer.resume=auto"], "error: trainer.resume=auto: nothing to resume"),
-    ("resume with a changed model config", ["trainer.resume=auto", "model.hidden_size=64", "model.dropout=0.1"],
-     "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 32, now 64)"),
-    ("resume with other batches", ["trainer.resume=auto", "trainer.batch_tokens=1200", "seed=2"],
-     "other settings that decide the batches: seed (checkpoint 1, now 2), trainer.batch_tokens (checkpoint 1000, now 1200)"),
-    ("new run in a finished run's folder", [], "already holds a finished run (results.json); a new run there would overwrite it"),
-    ("another run's checkpoint into a finished run's folder", ["trainer.resume={earlier}/checkpoints/last.pt"], "already holds a finished run"),
-    ("run folder not writable", ["hydra.run.dir={run}/results.json/run"], "error: cannot write into hydra.run.dir={run}/results.json/run (Not a directory)"),
+    (
+        "vocabulary too large",
+        ["trainer.resume=auto", "data.vocab_size=100000"],
+        "error: data.vocab_size=100000 does not fit this training data",
+    ),
+    (
+        "resume=auto with nothing to resume",
+        ["hydra.run.dir={fresh}", "trainer.resume=auto"],
+        "error: trainer.resume=auto: nothing to resume",
+    ),
+    (
+        "resume with a changed model config",
+        ["trainer.resume=auto", "model.hidden_size=64", "model.dropout=0.1"],
+        "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 32, now 64)",
+    ),
+    (
+        "resume with other batches",
+        ["trainer.resume=auto", "trainer.batch_tokens=1200", "seed=2"],
+        "other settings that decide the batches: seed (checkpoint 1, now 2), "
+        "trainer.batch_tokens (checkpoint 1000, now 1200)",
+    ),
+    (
+        "new run in a finished run's folder",
+        [],
+        "already holds a finished run (results.json); a new run there would overwrite it",
+    ),
+    (
+        "another run's checkpoint into a finished run's folder",
+        ["trainer.resume={earlier}/checkpoints/last.pt"],
+        "already holds a finished run",
+    ),
+    (
+        "run folder not writable",
+        ["hydra.run.dir={run}/results.json/run"],
+        "error: cannot write into hydra.run.dir={run}/results.json/run (Not a directory)",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case, overrides, expected", CASES, ids=[case[0] for case in CASES])
-def test_bad_input_is_refused_and_the_earlier_run_survives(case, overrides, expected, finished_run, multi30k_slice, tmp_path):
+def test_bad_input_is_refused_and_the_earlier_run_survives(
+    case, overrides, expected, finished_run, multi30k_slice, tmp_path
+):
     earlier, cache = finished_run
     run = tmp_path / "run"
     shutil.copytree(earlier, run)
     before = snapshot(run)
-    names = {"run": run, "earlier": earlier, "fresh": tmp_path / "fresh", "slice": multi30k_slice, "nothing": tmp_path / "nothing"}
+    names = {
+        "run": run,
+        "earlier": earlier,
+        "fresh": tmp_path / "fresh",
+        "slice": multi30k_slice,
+        "nothing": tmp_path / "nothing",
+    }
     if "{short}" in " ".join(overrides):
         names["short"] = bad_data(multi30k_slice, tmp_path / "short", "short_target")
     if "{empty}" in " ".join(overrides):
@@ -96,7 +151,36 @@ def test_bad_input_is_refused_and_the_earlier_run_survives(case, overrides, expe
     assert not (tmp_path / "fresh").exists()
 
 
-def test_a_checkpoint_carrying_code_is_refused_by_train_and_nothing_runs(multi30k_slice, finished_run, tmp_path):
+# (case, overrides, error, expected text): refused by prepare() while continuing the finished run.
+CONFIG_CASES = [
+    ("unknown data key", ["+data.srcc=de"], ConfigKeyError, "unknown config key data.srcc"),
+    ("unknown model key", ["+model.frobnicate=1"], ConfigKeyError, "unknown config key model.frobnicate"),
+    ("out of range", ["trainer.keep_last=0"], ValueError, "trainer.keep_last must be at least 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("case, overrides, error, expected", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_a_bad_config_value_is_refused_before_the_earlier_run_is_touched(
+    case, overrides, error, expected, finished_run, multi30k_slice, compose_config, tmp_path
+):
+    earlier, cache = finished_run
+    run = tmp_path / "run"
+    shutil.copytree(earlier, run)
+    before = snapshot(run)
+    args = [o for o in tiny_run(run, multi30k_slice, cache, *TINY_STEPS) if not o.startswith("hydra.")]
+    cfg = compose_config([*args, "trainer.resume=auto", *overrides])
+    threads = torch.get_num_threads()  # prepare sets this process's threads before it reads the data config
+    try:
+        with pytest.raises(error, match=re.escape(expected)):
+            prepare(cfg, run)
+    finally:
+        torch.set_num_threads(threads)
+    assert snapshot(run) == before
+
+
+def test_a_checkpoint_carrying_code_is_refused_by_train_and_nothing_runs(
+    multi30k_slice, finished_run, tmp_path
+):
     marker = tmp_path / "pwned"
 
     class Payload:
@@ -108,7 +192,10 @@ def test_a_checkpoint_carrying_code_is_refused_by_train_and_nothing_runs(multi30
     torch.save(dict(payload, optimizer=Payload()), evil)
     done = train(tmp_path / "run", multi30k_slice, finished_run[1], f"trainer.resume={evil}")
     assert done.returncode == 1
-    assert f"error: checkpoint {evil} cannot be read: it holds pickled code or objects (posix.system)" in done.stderr, done.stderr[-2000:]
+    assert (
+        f"error: checkpoint {evil} cannot be read: it holds pickled code or objects (posix.system)"
+        in done.stderr
+    ), done.stderr[-2000:]
     assert not marker.exists()
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -116,7 +203,10 @@ def test_a_checkpoint_carrying_code_is_refused_by_train_and_nothing_runs(multi30
 def test_an_unwritable_run_folder_is_refused(multi30k_slice, finished_run, read_only_folder):
     done = train(read_only_folder / "run", multi30k_slice, finished_run[1])
     assert done.returncode == 1
-    assert f"error: cannot write into hydra.run.dir={read_only_folder / 'run'} (Permission denied)" in done.stderr
+    assert (
+        f"error: cannot write into hydra.run.dir={read_only_folder / 'run'} (Permission denied)"
+        in done.stderr
+    )
 
 
 def test_a_finished_run_continues_with_resume_auto(finished_run, multi30k_slice, tmp_path):

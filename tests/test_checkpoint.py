@@ -5,9 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.files import AtomicFile
 from models.config import RNNConfig
 from models.rnn import RNNModel
-from training.checkpoint import CheckpointError, load_checkpoint, rng_states, save_checkpoint, set_rng_states
+from training.checkpoint import (
+    CheckpointError, keep_recent, load_checkpoint, rng_states, save_checkpoint, set_rng_states,
+)
 
 
 def payload(seed: int = 0) -> dict:
@@ -141,3 +144,15 @@ def test_rng_states_survive_a_checkpoint(tmp_path):
     set_rng_states(load_checkpoint(tmp_path / "c.pt")["rng"])
     assert random.random() == expected[0]
     assert torch.equal(torch.rand(3), expected[1])
+
+
+def test_keep_recent_keeps_the_newest_as_hard_links_of_last(tmp_path):
+    for step in (3, 6, 9):
+        with AtomicFile(tmp_path / "last.pt", "wb") as out:  # a new file renamed over it, as save_checkpoint does
+            out.write(f"weights of step {step}".encode())
+        keep_recent(tmp_path, step, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == ["step_0000006.pt", "step_0000009.pt"]
+    assert (tmp_path / "step_0000006.pt").read_bytes() == b"weights of step 6"  # the old inode, not the new last.pt
+    assert (tmp_path / "step_0000009.pt").samefile(tmp_path / "last.pt")
+    keep_recent(tmp_path, 9, keep=2)  # the same step again (a resumed run): replaced, not an error
+    assert (tmp_path / "step_0000009.pt").samefile(tmp_path / "last.pt")

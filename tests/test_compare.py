@@ -1,149 +1,468 @@
-"""scripts/compare.py on real finished runs: a Hydra sweep of both families and two seeds, trained
-for a few steps in the test (``train.py -m``, as users run it); and its errors."""
+"""scripts/compare.py on small run folders written by the test in train.py's format (tests/helpers.py:
+results.json, .hydra/, <split>.hyp/.ref with real Multi30k sentences, real TensorBoard events), and
+one real ``train.py -m`` sweep (slow) that holds that format to what train.py writes."""
+
+import io
 import json
-import re
-import shutil
+import math
 import subprocess
 import sys
-from pathlib import Path
+from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
-import torch
+from helpers import ROOT, SPLIT, drop_words, load_script, sweep_job, write_curve, write_run
 
-ROOT = Path(__file__).resolve().parent.parent
-COMPARE = [sys.executable, str(ROOT / "scripts" / "compare.py")]
+from training.metrics import signatures
+
+compare_script = load_script("compare")
+
+N_SENTENCES = 40
 
 
-def run(command, **kwargs):
-    return subprocess.run(command, cwd=kwargs.pop("cwd", ROOT), capture_output=True, text=True, timeout=600, **kwargs)
+def compare(*args):
+    """``compare.py ARGS`` in this process: ``(exit code, stdout, stderr)``."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = compare_script.main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def table(markdown: str, section: str):
+    """The cells of the rows of the table under ``## <section>``."""
+    text = markdown.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return [
+        [c.strip() for c in line.strip("|").split(" | ")]
+        for line in text.splitlines()
+        if line.startswith("| ")
+        and not line.startswith("| ---")
+        and not line.startswith("| run ")
+        and not line.startswith("| configuration ")
+    ]
 
 
 @pytest.fixture(scope="module")
-def sweep(multi30k_slice, tmp_path_factory):
-    """``train.py -m model=rnn,transformer seed=1,2``: four tiny finished runs in one multirun folder."""
-    scratch = tmp_path_factory.mktemp("sweep")
-    folder = scratch / "multirun"
-    done = run([
-        sys.executable, str(ROOT / "train.py"), "-m", "model=rnn,transformer", "seed=1,2",
-        f"data.root={multi30k_slice}", f"data.cache_dir={scratch / 'cache'}", "data.vocab_size=500",
-        "trainer.max_steps=3", "trainer.eval_every=2", "trainer.batch_tokens=1500", "trainer.warmup_steps=2",
-        "trainer.beam_size=2", "trainer.attention_samples=0", f"hydra.sweep.dir={folder}",
-    ], cwd=scratch)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder, done.stdout + done.stderr
+def refs(multi30k_dir):
+    from data.corpus import read_lines, split_files
+
+    return read_lines(split_files(multi30k_dir)[SPLIT]["en"])[:N_SENTENCES]
 
 
-JOBS = [("0", "model=rnn", "seed=1"), ("1", "model=rnn", "seed=2"), ("2", "model=transformer", "seed=1"), ("3", "model=transformer", "seed=2")]
+# job: (sweep overrides, words dropped from every Nth position, validation curve)
+JOBS = [
+    (["model=rnn", "seed=1"], 2, [(2, 30.0, 12.0), (4, 60.0, 20.0)]),
+    (["model=rnn", "seed=2"], 3, [(2, 33.0, 15.0), (4, 66.0, 22.0)]),
+    (["model=transformer", "seed=1"], 5, [(2, 24.0, 25.0), (4, 48.0, 30.0)]),
+    (["model=transformer", "seed=2"], 7, [(2, 27.0, 28.0), (4, 54.0, 34.0)]),
+]
 
 
-def job_of(name: str):
-    """``(job number, model override, seed override)`` of a sweep folder ``<n>_<overrides, comma-separated>``."""
-    number, overrides = name.split("_", 1)
-    settings = overrides.split(",")
-    return number, next(s for s in settings if s.startswith("model=")), next(s for s in settings if s.startswith("seed="))
-
-
-def significance_rows(markdown: str):
-    """``(run, BLEU p, chrF p)`` of the rows of the first significance table."""
-    section = markdown.split("## Significance on test_2016_flickr", 1)[1].split("\n## ", 1)[0]
-    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| `")]
-    return [(cells[0].strip("| `"), cells[3], cells[6].rstrip(" |")) for cells in rows]
-
-
-def test_sweep_trains_each_family_and_seed_in_its_own_folder_with_one_shared_vocabulary(sweep):
-    folder, log = sweep
-    runs = sorted(p.parent for p in folder.glob("*/results.json"))
-    assert [job_of(p.name) for p in runs] == JOBS
-    assert log.count("trained unigram SentencePiece") == 1 and log.count("using the cached SentencePiece") == 3
-    tokenizers = [torch.load(p / "checkpoints" / "best.pt", weights_only=True)["tokenizer"] for p in runs]
-    assert all(t == tokenizers[0] for t in tokenizers)
-    refs = {(p / "test_2016_flickr.ref").read_text(encoding="utf-8") for p in runs}
-    assert len(refs) == 1 and len(refs.pop().splitlines()) == 30
-
-
-def test_compare_reports_every_run_with_p_values_seed_groups_and_a_figure(sweep):
-    folder, _ = sweep
-    done = run(COMPARE + [str(folder), "--bootstrap", "200"])
-    assert done.returncode == 0, done.stderr
-    markdown = (folder / "comparison.md").read_text(encoding="utf-8")
-    assert done.stdout == markdown
-    table = markdown.split("## Runs", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in table.splitlines() if line.startswith("| `")]
-    assert len(rows) == 4
-    assert [row.split(" | ")[1] for row in rows] == ["rnn", "rnn", "transformer", "transformer"]
-    for folder_run in folder.glob("*/results.json"):
-        results = json.loads(folder_run.read_text())
-        assert f"{results['params']:,}" in table and f"{results['test']['test_2016_flickr']['bleu']:.2f}" in table
-    assert "sacrebleu signatures: BLEU `nrefs:1|" in markdown
-    significance = significance_rows(markdown)
-    assert [job_of(name) for name, _, _ in significance] == JOBS
-    assert significance[0][1:] == ("(baseline)", "(baseline)")
-    for _, bleu_p, chrf_p in significance[1:]:
-        assert 0.0 <= float(bleu_p) <= 1.0 and 0.0 <= float(chrf_p) <= 1.0
-    seeds = markdown.split("## Seeds", 1)[1]
-    groups = [line.split(" | ") for line in seeds.splitlines() if line.startswith("| rnn") or line.startswith("| transformer")]
-    assert [(g[0], g[1]) for g in groups] == [("| rnn", "2"), ("| transformer", "2")]
-    assert all("±" in cell for g in groups for cell in g[2:])
-    png = (folder / "comparison.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-
-
-def write_run(folder: Path, model: str, hyps, refs, bleu: float) -> Path:
-    """A run folder as train.py leaves it, reduced to what compare.py reads (no .hydra, no events)."""
-    folder.mkdir(parents=True)
-    results = {"model": model, "params": 10, "steps": 1, "epochs": 1.0, "train_seconds": 60.0,
-               "train_tokens_per_second": 100.0, "valid": {"bleu": bleu}, "test": {"test_2016_flickr": {"bleu": bleu, "chrf": bleu}}}
-    (folder / "results.json").write_text(json.dumps(results))
-    (folder / "test_2016_flickr.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    (folder / "test_2016_flickr.ref").write_text("".join(r + "\n" for r in refs), encoding="utf-8")
+@pytest.fixture(scope="module")
+def sweep(refs, tmp_path_factory):
+    """A finished ``train.py -m model=rnn,transformer seed=1,2 data.root=...`` multirun folder."""
+    folder = tmp_path_factory.mktemp("multirun") / "2026-01-01" / "12-00-00"
+    for number, (overrides, every, curve) in enumerate(JOBS):
+        write_run(
+            sweep_job(folder, number, overrides),
+            drop_words(refs, every),
+            refs,
+            [*overrides, "data.root=/data/multi30k"],
+            curve,
+        )
     return folder
 
 
-def test_paired_bootstrap_separates_a_clearly_better_system_and_not_an_equal_one(multi30k_slice, tmp_path):
-    refs = (multi30k_slice / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()
-    weak = [" ".join(r.split()[::2]) for r in refs]  # every other word dropped
-    base = write_run(tmp_path / "weak", "rnn", weak, refs, 30.0)
-    better = write_run(tmp_path / "better", "transformer", refs, refs, 100.0)
-    same = write_run(tmp_path / "same", "rnn", weak, refs, 30.0)
-    done = run(COMPARE + [str(base), str(better), str(same), "--out", str(tmp_path), "--no-plot"])
-    assert done.returncode == 0, done.stderr
-    (_, _, _), (_, better_bleu, better_chrf), (_, same_bleu, same_chrf) = significance_rows(done.stdout)
-    assert float(better_bleu) < 0.01 and float(better_chrf) < 0.01
-    assert float(same_bleu) == 1.0 and float(same_chrf) == 1.0
-    assert not (tmp_path / "comparison.png").exists()
+@pytest.fixture(scope="module")
+def report(sweep):
+    """``compare.py SWEEP --bootstrap 200``, once."""
+    code, out, err = compare(sweep, "--bootstrap", 200)
+    assert code == 0, err
+    return out, err
 
 
-def test_runs_on_other_references_are_reported_but_not_paired(multi30k_slice, tmp_path):
-    refs = (multi30k_slice / "test_2016_flickr.en").read_text(encoding="utf-8").splitlines()
-    other = (multi30k_slice / "test_2016_flickr.de").read_text(encoding="utf-8").splitlines()
-    write_run(tmp_path / "runs" / "de-en", "rnn", refs, refs, 100.0)
-    write_run(tmp_path / "runs" / "en-de", "rnn", other, other, 100.0)
-    done = run(COMPARE + [str(tmp_path / "runs"), "--no-plot"])
-    assert done.returncode == 0, done.stderr
-    assert "No paired test: en-de was scored against other references than de-en" in done.stdout
-    assert (tmp_path / "runs" / "comparison.md").is_file()
+def test_the_runs_table_has_every_run_in_job_order_with_its_results(sweep, report):
+    out, err = report
+    assert (sweep / "comparison.md").read_text(encoding="utf-8") == out
+    assert err.strip().splitlines()[-1] == f"wrote {sweep / 'comparison.md'}, {sweep / 'comparison.png'}"
+    rows = table(out, "Runs")
+    assert [row[0] for row in rows] == [f"`{sweep_job(sweep, n, job[0]).name}`" for n, job in enumerate(JOBS)]
+    models_and_seeds = [(model[6:], seed[5:]) for (model, seed), _, _ in JOBS]  # model=rnn, seed=1: rnn, 1
+    assert [(row[1], row[2]) for row in rows] == models_and_seeds
+    for row, (_, _, curve) in zip(rows, JOBS):
+        results = json.loads((sweep / row[0].strip("`") / "results.json").read_text())
+        scores = results["test"][SPLIT]
+        assert row[3:] == [
+            "123,456",
+            "4",
+            "1",
+            f"{curve[-1][1] / 60:.1f} min",
+            "1,500",
+            f"{max(b for _, _, b in curve):.2f}",
+            f"{scores['bleu']:.2f}",
+            f"{scores['chrf']:.2f}",
+        ]
+    bleus = [float(row[9]) for row in rows]
+    assert bleus == sorted(bleus) and bleus[0] < bleus[-1]  # fewer words dropped, higher BLEU
+    sig = signatures()
+    assert f"sacrebleu signatures: BLEU `{sig['bleu']}`, chrF `{sig['chrf']}`" in out
+    assert "not comparable" not in out
 
 
-def test_a_folder_without_a_finished_run_is_an_error(sweep, tmp_path):
-    folder, _ = sweep
-    first = sorted(folder.glob("0_*"))[0]
-    shutil.copytree(first / ".hydra", tmp_path / "multirun" / first.name / ".hydra")  # started, never finished
+def test_each_run_is_tested_against_the_first_on_the_same_sentences(sweep, report):
+    out, _ = report
+    first = sweep_job(sweep, 0, JOBS[0][0]).name
+    assert f"Paired bootstrap resampling (200 resamples of the test set) of each run against `{first}`" in out
+    rows = table(out, f"Significance on {SPLIT}")
+    runs = table(out, "Runs")
+    assert [row[0] for row in rows] == [row[0] for row in runs]
+    # the scores of the .hyp files, as in results.json
+    assert [row[1] for row in rows] == [row[9] for row in runs]
+    assert [row[4] for row in rows] == [row[10] for row in runs]
+    assert rows[0][3] == rows[0][6] == "(baseline)"
+    for row in rows:
+        mean, ci = row[2].split(" ± ")
+        assert abs(float(mean) - float(row[1])) < float(ci) < 10
+    p_values = [float(row[i]) for row in rows[1:] for i in (3, 6)]
+    assert all(0 <= p <= 1 for p in p_values)
+    assert float(rows[3][3]) < 0.05  # a quarter of the words back is a clear difference on 40 sentences
+    assert "sacrebleu: BLEU `nrefs:1|bs:200|seed:12345|" in out
+
+
+def test_runs_that_differ_only_by_seed_form_a_group_with_mean_and_spread(report):
+    out, _ = report
+    assert "Runs whose configs differ only by `seed`" in out
+    rows = table(out, "Seeds")
+    assert [row[:3] for row in rows] == [["rnn", "2", "21.00 ± 1.41"], ["transformer", "2", "32.00 ± 2.83"]]
+    assert rows[0][5:] == ["1.1 ± 0.1 min", "1,500 ± 0"]  # 60 and 66 seconds
+    runs = table(out, "Runs")
+    test_bleu = [float(row[9]) for row in runs[:2]]
+    mean, std = rows[0][3].split(" ± ")
+    assert float(mean) == pytest.approx(sum(test_bleu) / 2, abs=0.006)
+    assert float(std) == pytest.approx(abs(test_bleu[0] - test_bleu[1]) / math.sqrt(2), abs=0.006)
+
+
+def test_groups_are_named_by_the_model_and_the_settings_that_differ(refs, tmp_path):
+    common = ["trainer.max_steps=7", "data.root=/somewhere"]
+    for number, extra in enumerate(
+        [
+            ["trainer.lr=0.002", "seed=1"],
+            ["trainer.lr=0.002", "seed=2"],
+            ["trainer.lr=0.001", "seed=1"],
+            ["model=transformer_base", "seed=1"],
+        ]
+    ):
+        model = [] if "model=transformer_base" in extra else ["model=rnn"]
+        write_run(
+            sweep_job(tmp_path / "runs", number, model + extra),
+            refs,
+            refs,
+            model + extra + common,
+            curve=None,
+        )
+    code, out, err = compare(tmp_path / "runs", "--no-plot")
+    assert code == 0, err
+    groups = [row[:2] for row in table(out, "Seeds")]
+    assert groups == [["rnn trainer.lr=0.002", "2"], ["rnn trainer.lr=0.001", "1"], ["transformer_base", "1"]]
+    assert [row[1] for row in table(out, "Runs")] == [
+        "rnn",
+        "rnn",
+        "rnn",
+        "transformer",
+    ]  # the family, from results.json
+
+
+def test_one_seed_per_configuration_gets_a_note_instead_of_a_table(refs, tmp_path):
+    write_run(tmp_path / "runs" / "a", refs, refs, ["model=rnn"], curve=None)
+    write_run(tmp_path / "runs" / "b", refs, refs, ["model=transformer"], curve=None)
+    write_run(
+        tmp_path / "runs" / "c", refs, refs, ["model=rnn"], curve=None, hydra=False
+    )  # a group of its own
+    code, out, _ = compare(tmp_path / "runs", "--no-plot")
+    assert code == 0
+    assert "One seed per configuration." in out and table(out, "Seeds") == []
+    assert [row[2] for row in table(out, "Runs")] == ["1", "1", "-"]  # no config: no seed known
+
+
+def test_paired_bootstrap_separates_a_clearly_better_system_and_not_an_equal_one(refs, tmp_path):
+    weak = drop_words(refs, 2)
+    base = write_run(tmp_path / "weak", weak, refs, hydra=False)
+    better = write_run(tmp_path / "better", refs, refs, hydra=False)
+    same = write_run(tmp_path / "same", weak, refs, hydra=False)
+    (tmp_path / "out").mkdir()
+    code, out, err = compare(base, better, same, "--out", tmp_path / "out", "--no-plot")
+    assert code == 0, err
+    _, (_, better_bleu, _, better_p, *_), (_, _, _, same_p, _, _, same_chrf_p) = table(
+        out, f"Significance on {SPLIT}"
+    )
+    assert float(better_bleu) == 100.0 and float(better_p) < 0.01
+    assert float(same_p) == 1.0 and float(same_chrf_p) == 1.0  # no observed difference: no evidence of one
+    assert (tmp_path / "out" / "comparison.md").read_text(encoding="utf-8") == out
+    assert not (tmp_path / "out" / "comparison.png").exists()
+    assert err.strip().splitlines()[-1] == f"wrote {tmp_path / 'out' / 'comparison.md'}"
+
+
+def test_pairs_need_the_same_references_and_both_files(refs, multi30k_dir, tmp_path):
+    from data.corpus import read_lines, split_files
+
+    german = read_lines(split_files(multi30k_dir)[SPLIT]["de"])[:N_SENTENCES]
+    write_run(tmp_path / "runs" / "de-en", refs, refs, curve=None)
+    write_run(tmp_path / "runs" / "en-de", german, german, curve=None)
+    code, out, _ = compare(tmp_path / "runs", "--no-plot")
+    assert code == 0
+    other = "other references than de-en (another data set or direction)."
+    assert f"No paired test: en-de was scored against {other}" in out
+    (tmp_path / "runs" / "en-de" / f"{SPLIT}.hyp").unlink()
+    code, out, _ = compare(tmp_path / "runs", "--no-plot")
+    assert f"No paired test: en-de has no {SPLIT}.hyp and {SPLIT}.ref." in out
+    code, out, _ = compare(tmp_path / "runs" / "de-en", "--out", tmp_path, "--no-plot")
+    assert code == 0 and "No paired test: one run: nothing to compare." in out
+
+
+def test_a_hypothesis_file_shorter_than_its_references_is_an_error(refs, tmp_path):
+    run = write_run(tmp_path / "a", refs, refs, curve=None)
+    write_run(tmp_path / "b", refs, refs, curve=None)
+    (run / f"{SPLIT}.hyp").write_text("".join(r + "\n" for r in refs[:-1]), encoding="utf-8")
+    code, out, err = compare(run, tmp_path / "b", "--out", tmp_path, "--no-plot")
+    assert code == 1 and out == ""
+    assert (
+        err == f"error: {run / f'{SPLIT}.hyp'}: {N_SENTENCES - 1} lines for {N_SENTENCES} references in "
+        f"{run / f'{SPLIT}.ref'}: the run folder is damaged\n"
+    )
+
+
+def test_every_test_split_of_any_run_is_a_column_and_missing_scores_are_dashes(refs, tmp_path):
+    write_run(tmp_path / "a", refs, refs, curve=None, valid={"bleu": None})
+    write_run(tmp_path / "b", refs, refs, curve=None, split="test_2017_flickr")
+    code, out, _ = compare(tmp_path / "a", tmp_path / "b", "--out", tmp_path, "--no-plot")
+    assert code == 0
+    head = out.split("## Runs\n\n", 1)[1].splitlines()[0]
+    columns = [
+        f"{split} {metric}"
+        for split in ("test_2016_flickr", "test_2017_flickr")
+        for metric in ("BLEU", "chrF")
+    ]
+    assert head.endswith(" | ".join(["valid BLEU", *columns]) + " |")
+    (a_valid, *a_tests), (_, *b_tests) = [row[8:] for row in table(out, "Runs")]
+    assert (
+        a_valid == "-"
+        and a_tests == ["100.00", "100.00", "-", "-"]
+        and b_tests == ["-", "-", "100.00", "100.00"]
+    )
+    assert "## Significance on test_2016_flickr" in out and "## Significance on test_2017_flickr" in out
+
+
+def test_runs_scored_with_other_sacrebleu_settings_are_flagged(refs, tmp_path):
+    write_run(tmp_path / "a", refs, refs, curve=None, hydra=False)
+    write_run(
+        tmp_path / "b",
+        refs,
+        refs,
+        curve=None,
+        hydra=False,
+        sacrebleu={"bleu": "nrefs:1|tok:intl", "chrf": "x"},
+    )
+    code, out, _ = compare(tmp_path / "a", tmp_path / "b", "--out", tmp_path, "--no-plot")
+    assert code == 0
+    assert "sacrebleu signatures: BLEU `nrefs:1|tok:intl`, chrF `x`" in out
+    assert (
+        "**The runs were scored with different sacrebleu settings: their scores are not comparable.**" in out
+    )
+
+
+def test_the_figure_plots_validation_bleu_from_the_tensorboard_events(report, sweep):
+    png = (sweep / "comparison.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    run = compare_script.read_run(sweep_job(sweep, 1, JOBS[1][0]), "rnn seed 2")
+    assert compare_script.bleu_curve(run) == ([2, 4], [33.0 / 60, 66.0 / 60], [15.0, 22.0])
+
+
+def test_a_resumed_run_keeps_the_last_value_logged_at_a_step(refs, tmp_path):
+    run = write_run(tmp_path / "run", refs, refs, curve=[(2, 30.0, 10.0), (4, 60.0, 20.0)])
+    write_curve(run / "tb", [(4, 62.0, 21.0), (6, 90.0, 25.0)])  # the resumed life evaluates step 4 again
+    curve = compare_script.bleu_curve(compare_script.read_run(run, "run"))
+    assert curve == ([2, 4, 6], [0.5, 62.0 / 60, 1.5], [10.0, 21.0, 25.0])
+
+
+def test_runs_from_before_the_train_seconds_tag_use_wall_time_and_runs_without_events_are_named(
+    refs, tmp_path
+):
+    old = write_run(tmp_path / "old", refs, refs, curve=None)
+    write_curve(old / "tb", [(2, 0.0, 10.0), (4, 0.0, 20.0)], seconds=False)
+    steps, minutes, bleu = compare_script.bleu_curve(compare_script.read_run(old, "old"))
+    assert steps == [2, 4] and bleu == [10.0, 20.0] and minutes[0] == 0.0 and 0.0 <= minutes[1] < 1.0
+    write_run(tmp_path / "none", refs, refs, curve=None)
+    code, _, err = compare(old, tmp_path / "none", "--out", tmp_path)
+    assert code == 0
+    assert "warning: no validation curve in the TensorBoard events of none\n" in err
+    assert (tmp_path / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_report_goes_to_the_folder_of_runs_or_the_current_folder(refs, tmp_path, monkeypatch):
+    a = write_run(tmp_path / "runs" / "a", refs, refs, curve=None)
+    b = write_run(tmp_path / "runs" / "b", refs, refs, curve=None)
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for args in [(a,), (a, b)]:  # one run, or several PATHs: the current folder
+        assert compare(*args, "--no-plot")[0] == 0
+        assert (here / "comparison.md").is_file() and not (tmp_path / "runs" / "comparison.md").exists()
+        (here / "comparison.md").unlink()
+    assert compare(tmp_path / "runs", "--no-plot")[0] == 0  # one folder of runs: that folder
+    assert (tmp_path / "runs" / "comparison.md").is_file() and not (here / "comparison.md").exists()
+    code, out, err = compare(a, "--out", tmp_path / "missing")
+    assert (code, out, err) == (1, "", f"error: --out {tmp_path / 'missing'}: no such folder\n")
+
+
+def test_runs_are_named_by_their_path_and_sweeps_with_the_same_job_names_by_the_sweep_too(refs, tmp_path):
+    for sweep in ("sweep1", "sweep2"):
+        for number in (0, 1):
+            write_run(sweep_job(tmp_path / sweep, number, [f"seed={number + 1}"]), refs, refs, curve=None)
+    code, out, _ = compare(
+        tmp_path / "sweep1",
+        tmp_path / "sweep2",
+        tmp_path / "sweep1" / "0_seed=1",
+        "--out",
+        tmp_path,
+        "--no-plot",
+    )
+    assert code == 0
+    names = [row[0] for row in table(out, "Runs")]  # the run given twice is there once
+    assert names == ["`sweep1/0_seed=1`", "`sweep1/1_seed=2`", "`sweep2/0_seed=1`", "`sweep2/1_seed=2`"]
+
+
+def test_jobs_sort_by_their_number(refs, tmp_path):
+    for number in (10, 9, 2):
+        write_run(
+            sweep_job(tmp_path / "runs", number, [f"seed={number}"]), refs, refs, curve=None, hydra=False
+        )
+    code, out, _ = compare(tmp_path / "runs", "--no-plot")
+    assert [row[0] for row in table(out, "Runs")] == ["`2_seed=2`", "`9_seed=9`", "`10_seed=10`"]
+
+
+def test_unfinished_runs_beside_finished_ones_are_left_out_with_a_warning(refs, tmp_path):
+    runs = tmp_path / "runs"
+    write_run(runs / "0_done", refs, refs, curve=None)
+    (runs / "1_training" / ".hydra").mkdir(parents=True)
+    (runs / "1_training" / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    code, out, err = compare(runs, "--no-plot")
+    assert code == 0
+    assert [row[0] for row in table(out, "Runs")] == ["`0_done`"]
+    why = "still training, interrupted or failed"
+    warning = f"warning: {runs / '1_training'} has no results.json ({why}): left out\n"
+    assert err.startswith(warning)
+
+
+def test_paths_without_a_finished_run_are_one_line_errors(tmp_path):
+    started = tmp_path / "multirun" / "0_seed=1" / ".hydra"
+    started.mkdir(parents=True)
+    (started / "config.yaml").write_text("seed: 1\n")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a run\n")
+    none = "holds no finished run: no results.json below it"
+    when = "a run writes it when training and testing are done"
     cases = {
-        tmp_path / "multirun": "holds no finished run: no results.json below it (1 run folder(s) without results.json",
-        tmp_path / "empty": "holds no finished run",
-        tmp_path / "missing": "does not exist",
+        tmp_path / "multirun": f"{tmp_path / 'multirun'} {none} (1 run folder(s) without results.json: still "
+        f"training, interrupted or failed); {when}",
+        tmp_path / "empty": f"{tmp_path / 'empty'} {none}; {when}",
+        tmp_path / "missing": f"{tmp_path / 'missing'} does not exist",
+        tmp_path / "notes.txt": f"{tmp_path / 'notes.txt'} is not a run folder or a folder of runs",
     }
     for path, message in cases.items():
-        done = run(COMPARE + [str(path)])
-        assert done.returncode == 1
-        assert done.stderr.startswith("error: ") and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
-        assert done.stdout == "" and not (path / "comparison.md").exists()
+        code, out, err = compare(path)
+        assert (code, out) == (1, "")
+        assert err.splitlines()[-1] == f"error: {message}" and err.count("error:") == 1
+        assert not (path / "comparison.md").exists()
 
 
-def test_a_damaged_results_file_names_the_file(tmp_path):
+def test_damaged_results_files_are_named(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "results.json").write_text('{"model": "rnn"')
-    done = run(COMPARE + [str(folder)])
-    assert done.returncode == 1 and re.match(r"error: .*results\.json: not a readable results file", done.stderr)
+    code, _, err = compare(folder)
+    assert code == 1 and err.startswith(f"error: {folder / 'results.json'}: not a readable results file (")
+    (folder / "results.json").write_text('{"model": "rnn", "params": 3, "test": {}}')
+    code, _, err = compare(folder)
+    assert code == 1
+    assert err == (
+        f"error: {folder / 'results.json'}: missing steps, epochs, train_seconds, train_tokens_per_second, "
+        "valid: not a results.json written by train.py\n"
+    )
+
+
+def test_bad_options_are_refused_by_the_command_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "compare.py"), str(tmp_path), "--bootstrap", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith(
+        "error: --bootstrap must be at least 1"
+    )
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "compare.py"), str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        "",
+        f"error: {tmp_path / 'missing'} does not exist\n",
+    )
+
+
+@pytest.mark.slow
+def test_a_real_sweep_has_the_format_these_tests_write_and_compares(multi30k_slice, refs, tmp_path):
+    """``train.py -m model=rnn seed=1,2`` (two tiny runs of 2 steps): one folder per job, one shared
+    vocabulary, the files of tests/helpers.py ``write_run`` with the same keys; compare.py reads it."""
+    from conftest import TINY_RNN
+
+    sweep = tmp_path / "multirun"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            "seed=1,2",
+            *TINY_RNN,
+            f"data.root={multi30k_slice}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.vocab_size=500",
+            "trainer.max_epochs=null",
+            "trainer.max_steps=2",
+            "trainer.batch_tokens=1000",
+            "trainer.attention_samples=0",
+            "trainer.beam_size=1",
+            "trainer.num_threads=1",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stdout + done.stderr
+    assert (
+        log.count("trained unigram SentencePiece") == 1 and log.count("using the cached SentencePiece") == 1
+    )
+    jobs = sorted(p.parent for p in sweep.glob("*/results.json"))
+    assert [p.name.split("_", 1)[0] for p in jobs] == ["0", "1"] and all("seed=" in p.name for p in jobs)
+    written = write_run(tmp_path / "written", refs, refs, ["model=rnn", "seed=1"])
+    for job in jobs:
+        real = json.loads((job / "results.json").read_text())
+        ours = json.loads((written / "results.json").read_text())
+        assert real.keys() == ours.keys() and real["valid"].keys() == ours["valid"].keys()
+        assert (
+            real["test"][SPLIT].keys() == ours["test"][SPLIT].keys()
+            and real["sacrebleu"] == ours["sacrebleu"]
+        )
+        assert real["valid_history"][0].keys() == ours["valid_history"][0].keys()
+        assert {"config.yaml", "overrides.yaml"} <= {p.name for p in (job / ".hydra").iterdir()}
+        assert {f"{SPLIT}.hyp", f"{SPLIT}.ref", "tb"} <= {p.name for p in job.iterdir()}
+        assert len((job / f"{SPLIT}.ref").read_text(encoding="utf-8").splitlines()) == 30
+    code, out, err = compare(sweep, "--bootstrap", 50)
+    assert code == 0, err
+    assert [(row[1], row[2]) for row in table(out, "Runs")] == [("rnn", "1"), ("rnn", "2")]
+    assert [row[:2] for row in table(out, "Seeds")] == [["rnn", "2"]]
+    assert "warning: no validation curve" not in err and (sweep / "comparison.png").is_file()

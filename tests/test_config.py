@@ -1,4 +1,5 @@
 """The Hydra config (conf/, training/config.py): every option composes and builds; typos fail early."""
+
 from pathlib import Path
 
 import pytest
@@ -6,12 +7,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from data.config import DataConfig, data_config
 from data.specials import BOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
-from training.config import TrainerConfig, model_config, register_configs
+from training.config import TrainerConfig, model_config, register_configs, trainer_config
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -64,7 +66,11 @@ def test_every_data_option_composes(name):
 
 
 def test_files_data_takes_paths_from_overrides():
-    pairs = [f"data.files.{split}.{side}=corpus/{split}.{side}" for split in ("train", "val") for side in ("src", "tgt")]
+    pairs = [
+        f"data.files.{split}.{side}=corpus/{split}.{side}"
+        for split in ("train", "val")
+        for side in ("src", "tgt")
+    ]
     data = data_config(compose_config("data=files", *pairs).data)
     assert data.files["train"].src == "corpus/train.src"
     assert data.files["val"].tgt == "corpus/val.tgt"
@@ -78,17 +84,71 @@ def test_the_trainer_follows_the_model():
     assert compose_config("model=rnn", "trainer=transformer").trainer.schedule == "inverse_sqrt"
 
 
+NOT_IN = "Key '{}' not in '{}'"
+NOT_A = "Value '{}' of type 'str' could not be converted to {}"
+
+
 @pytest.mark.parametrize(
-    "override",
-    ["model.d_modl=3", "trainer.bogus=1", "data.bogus=1", "bogus=1", "trainer.lr=abc", "model.d_model=abc",
-     "data.vocab_size=x", "seed=x", "model=rnn model.d_model=3"],
+    "override, message",
+    [
+        ("model.d_modl=3", NOT_IN.format("d_modl", "TransformerConfig")),
+        ("trainer.frobnicate=1", NOT_IN.format("frobnicate", "TrainerConfig")),
+        ("data.bogus=1", NOT_IN.format("bogus", "DataConfig")),
+        ("bogus=1", NOT_IN.format("bogus", "Config")),
+        ("model=rnn model.d_model=3", NOT_IN.format("d_model", "RNNConfig")),
+        ("trainer.lr=abc", NOT_A.format("abc", "Float")),
+        ("trainer.batch_tokens=many", NOT_A.format("many", "Integer")),
+        ("model.d_model=abc", NOT_A.format("abc", "Integer")),
+        ("data.vocab_size=x", NOT_A.format("x", "Integer")),
+        ("seed=x", NOT_A.format("x", "Integer")),
+    ],
 )
-def test_unknown_keys_and_wrong_types_fail_when_composing(override):
-    with pytest.raises(ConfigCompositionException):
+def test_unknown_keys_and_wrong_types_fail_when_composing_naming_the_key(override, message):
+    """What ``train.py`` prints for these (Hydra's error and its cause) before any run starts."""
+    with pytest.raises(ConfigCompositionException) as caught:
         compose_config(*override.split())
+    text = f"{caught.value}\n{caught.value.__cause__}"
+    assert message in text
+    assert f"full_key: {override.split()[-1].split('=')[0]}" in text
 
 
-@pytest.mark.parametrize("override", ["model.norm=sideways", "model.positions=rotary", "model=rnn model.cell=rnn"])
+@pytest.mark.parametrize(
+    "override, read, message",
+    [
+        ("+trainer.frobnicate=1", "trainer", "trainer.frobnicate: the keys of trainer are accumulate, "),
+        ("+data.srcc=de", "data", "data.srcc: the keys of data are cache_dir, "),
+        ("+model.frobnicate=1", "model", "model.frobnicate: the keys of model are "),
+        ("model=rnn +model.n_heads=4", "model", "model.n_heads: the keys of model are "),
+    ],
+)
+def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, read, message):
+    cfg = compose_config(*override.split())  # Hydra lets a key added with + through
+    readers = {"trainer": trainer_config, "data": data_config, "model": model_config}
+    with pytest.raises(ConfigKeyError) as caught:
+        readers[read](cfg[read])
+    assert str(caught.value).startswith(f"unknown config key {message}")
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("trainer.keep_last=0", "trainer.keep_last must be at least 1, got 0"),
+        ("trainer.batch_tokens=0", "trainer.batch_tokens must be at least 1, got 0"),
+        ("trainer.max_steps=-3", "trainer.max_steps must be at least 1, got -3"),
+        ("trainer.max_minutes=0", "trainer.max_minutes must be positive, got 0.0"),
+        ("trainer.label_smoothing=1.0", "trainer.label_smoothing must be in [0, 1), got 1.0"),
+        ("trainer.attention_samples=-1", "trainer.attention_samples must be 0 or more, got -1"),
+    ],
+)
+def test_values_out_of_range_are_refused_naming_the_key(override, message):
+    with pytest.raises(ValueError) as caught:
+        trainer_config(compose_config(override).trainer)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    "override", ["model.norm=sideways", "model.positions=rotary", "model=rnn model.cell=rnn"]
+)
 def test_unknown_choices_fail_when_building(override):
     cfg = compose_config(*override.split())
     with pytest.raises(ValueError, match=override.split(".")[-1].split("=")[0]):
@@ -118,7 +178,9 @@ def test_spec_keys_and_defaults():
 
 
 def test_overrides_reach_the_config():
-    cfg = compose_config("model=rnn", "model.cell=lstm", "trainer.max_steps=7", "data.train_limit=100", "seed=3")
+    cfg = compose_config(
+        "model=rnn", "model.cell=lstm", "trainer.max_steps=7", "data.train_limit=100", "seed=3"
+    )
     assert model_config(cfg.model) == RNNConfig(cell="lstm")
     assert (cfg.trainer.max_steps, cfg.data.train_limit, cfg.seed) == (7, 100, 3)
 
@@ -129,7 +191,9 @@ def test_model_config_of_a_plain_node_checks_the_name():
         model_config(OmegaConf.create({"name": "lstm"}))
 
 
-@pytest.mark.parametrize("experiment,src,tgt", [("compare_multi30k", "de", "en"), ("compare_multi30k_en_de", "en", "de")])
+@pytest.mark.parametrize(
+    "experiment,src,tgt", [("compare_multi30k", "de", "en"), ("compare_multi30k_en_de", "en", "de")]
+)
 def test_comparison_experiments_sweep_both_families_on_one_direction(experiment, src, tgt):
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -142,10 +206,14 @@ def test_comparison_experiments_sweep_both_families_on_one_direction(experiment,
 
 def test_the_slurm_launcher_config_composes():
     """conf/hydra/launcher/slurm.yaml on top of hydra-submitit-launcher's submitit_slurm (optional)."""
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (optional)")
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (optional)"
+    )
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "model=rnn"], return_hydra_config=True)
+        cfg = compose(
+            config_name="config", overrides=["hydra/launcher=slurm", "model=rnn"], return_hydra_config=True
+        )
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.timeout_min) == (1, 1, 240)

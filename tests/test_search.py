@@ -268,7 +268,8 @@ def test_a_model_that_ends_at_once_gives_empty_hypotheses(family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_alignments(family):
-    """One row per emitted token and one for EOS (none when cut at max_len); rows are distributions over the real source."""
+    """One row per emitted token and one for EOS (none when cut at max_len); rows are distributions over
+    the real source."""
     model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=1.0))
     src, src_mask = sources()
     max_len = 6

@@ -4,6 +4,7 @@ import torch
 
 from data.corpus import TRAIN
 from training.checkpoint import load_checkpoint
+from conftest import scalars
 from training.trainer import Trainer
 
 TINY = ["model.d_model=32", "model.n_heads=2", "model.ff_size=64", "model.encoder_layers=1", "model.decoder_layers=1"]
@@ -94,3 +95,12 @@ def test_a_non_finite_step_changes_nothing_and_training_goes_on(multi30k_slice, 
     assert all(p.grad is None for p in trainer.model.parameters())
     stats = trainer.train_step([second])
     assert not stats.skipped and trainer.progress.step == 2
+
+
+def test_a_run_shorter_than_log_every_logs_its_last_step(multi30k_slice, compose_config, tmp_path):
+    """The steps since the last log line are logged when the run stops (here: all three)."""
+    trainer = make_trainer(multi30k_slice, compose_config, tmp_path, "trainer.max_steps=3", "trainer.log_every=50")
+    trainer.fit(evaluate_last=False)
+    trainer.close()
+    assert [step for step, _ in scalars(tmp_path / "tb", "train/loss")] == [3]
+    assert [step for step, _ in scalars(tmp_path / "tb", "train/lr")] == [3]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
-
 from conftest import LEARNING_PAIRS, ROOT
+
 from data.specials import EOS_ID
 from data.tokenizer import normalize
 from models.search import MAX_LEN_EXTRA, MAX_LEN_RATIO
@@ -216,7 +216,8 @@ def test_too_long_input_is_truncated_with_a_warning(trained_slice_models, pairs)
                      stdin=f"\n{pairs[1][0]}\n{long_line}\n")
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 3
-    assert re.fullmatch(r"warning: line 3: \d+ subword tokens, more than the model takes \(1023\); translating the first 1023\n", done.stderr)
+    expected = r"warning: line 3: \d+ subword tokens, more than the model takes \(1023\); translating the first 1023\n"
+    assert re.fullmatch(expected, done.stderr)
 
 
 def bad_checkpoints(folder: Path, good: Path):
@@ -252,7 +253,7 @@ def assert_one_error_line(done: subprocess.CompletedProcess, expected: str) -> N
 
 def test_bad_checkpoints_give_one_error_line(trained_slice_models, tmp_path):
     _, good, _ = trained_slice_models["rnn"]
-    for name, path, expected in bad_checkpoints(tmp_path, good):
+    for _name, path, expected in bad_checkpoints(tmp_path, good):
         assert_one_error_line(translate("--checkpoint", path, "Ein Mann."), expected)
 
 

@@ -93,6 +93,17 @@ def unlock_run_folder(out_dir: Path) -> None:
         os.close(handle)  # closing the descriptor releases the lock
 
 
+def claim_run_folder(out_dir: Path, resume: Optional[str]) -> None:
+    """Check that ``out_dir`` may take this run (``check_run_folder``), create it and lock it. A
+    folder that exists is locked first, so a run still going on there is named as such; a refused
+    run leaves no new folder behind."""
+    if out_dir.is_dir():
+        lock_run_folder(out_dir)
+    check_run_folder(out_dir, resume)
+    check_writable(out_dir, "hydra.run.dir")
+    lock_run_folder(out_dir)
+
+
 class RunFolderCheck(Callback):
     """Hydra callback: refuse a run (one ``error:`` line, exit 1) before Hydra touches its folder."""
 
@@ -100,8 +111,7 @@ class RunFolderCheck(Callback):
         if int(os.environ.get("RANK", 0)) > 0:  # torchrun: rank 0 checks the run folder, the others use its
             return
         folder = Path(str(config.hydra.run.dir))
-        self._refuse_on_error(lambda: (check_writable(folder, "hydra.run.dir"), lock_run_folder(folder),
-                                       check_run_folder(folder, config.trainer.get("resume"))))
+        self._refuse_on_error(lambda: claim_run_folder(folder, config.trainer.get("resume")))
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self._refuse_on_error(lambda: check_writable(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir"))

@@ -33,7 +33,7 @@ from training.device import autocast_for, pick_device, set_threads
 from training.finish import decode_tests, finish
 from training.progress import LogWindow, Progress, StepStats, log_window
 from training.resume import adopt_best, check_resumable, remove_stale_temporaries
-from training.run_folder import check_run_folder, lock_run_folder, resume_path, unlock_run_folder
+from training.run_folder import check_run_folder, claim_run_folder, resume_path, unlock_run_folder
 from training.signals import Interrupted, StopRequest
 from training.step import make_optimizer, train_step
 from training.stopping import agree, stop_reason, total_steps
@@ -320,11 +320,11 @@ def prepare(cfg: DictConfig, out_dir: Path) -> Trainer:
     """Check and lock the run folder, load the data, build the model and restore ``trainer.resume``:
     every refusal happens here, before anything is written into ``out_dir``."""
     out_dir = Path(out_dir)
-    main = distributed.world_from_env().main
-    if main:
-        lock_run_folder(out_dir)
     try:
-        check_run_folder(out_dir, cfg.trainer.get("resume"))
+        if distributed.world_from_env().main:
+            claim_run_folder(out_dir, cfg.trainer.get("resume"))
+        else:  # rank 0 holds the folder; the others check what it holds
+            check_run_folder(out_dir, cfg.trainer.get("resume"))
         trainer = Trainer(cfg, out_dir)
         trainer.resume()
     except BaseException:

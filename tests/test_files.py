@@ -1,0 +1,115 @@
+"""common/files.py: ``AtomicFile`` replaces a file whole or not at all."""
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from common.files import AtomicFile
+
+
+def leftovers(folder: Path, name: str):
+    """Temporary files of ``name`` in ``folder`` (``.<name>.*.tmp``)."""
+    return sorted(folder.glob(f".{name}.*.tmp"))
+
+
+@pytest.fixture
+def old(tmp_path) -> Path:
+    path = tmp_path / "results.json"
+    path.write_text("the old content, longer than the new one\n" * 100, encoding="utf-8")
+    return path
+
+
+def test_a_commit_replaces_the_whole_file_and_only_then(old):
+    before = old.read_text(encoding="utf-8")
+    with AtomicFile(old) as out:
+        out.write("new\n")
+        out.flush()
+        assert old.read_text(encoding="utf-8") == before  # written beside it, not into it
+        (tmp,) = leftovers(old.parent, old.name)  # in the same folder: the rename stays on one file system
+        assert tmp.read_text(encoding="utf-8") == "new\n"
+    assert old.read_text(encoding="utf-8") == "new\n"
+    assert sorted(p.name for p in old.parent.iterdir()) == [old.name]
+
+
+def test_an_exception_in_the_block_leaves_the_old_file_and_no_temporary_file(old):
+    before = old.read_bytes()
+    with pytest.raises(RuntimeError, match="half-way"):
+        with AtomicFile(old) as out:
+            out.write("half of the new")
+            raise RuntimeError("half-way")
+    assert old.read_bytes() == before
+    assert sorted(p.name for p in old.parent.iterdir()) == [old.name]
+
+
+def test_an_exception_before_a_first_commit_creates_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with AtomicFile(tmp_path / "new.txt") as out:
+            out.write("never")
+            raise KeyboardInterrupt  # not an Exception: still discarded
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_discard_keeps_the_old_file_and_a_later_commit_does_nothing(old):
+    before = old.read_bytes()
+    atomic = AtomicFile(old)
+    atomic.stream.write("replacement")
+    atomic.discard()
+    assert atomic.stream.closed and leftovers(old.parent, old.name) == []
+    atomic.commit()
+    atomic.discard()  # twice: nothing to do
+    assert old.read_bytes() == before
+
+
+def test_commit_twice_writes_once(tmp_path):
+    path = tmp_path / "a.txt"
+    atomic = AtomicFile(path)
+    atomic.stream.write("one")
+    atomic.commit()
+    path.write_text("changed since", encoding="utf-8")
+    atomic.commit()
+    assert path.read_text(encoding="utf-8") == "changed since"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_the_new_file_gets_the_permissions_of_the_umask_not_the_private_ones_of_a_temporary_file(
+    tmp_path, umask, mode
+):
+    previous = os.umask(umask)
+    try:
+        with AtomicFile(tmp_path / "out.txt") as out:
+            out.write("x")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "out.txt").stat().st_mode) == mode
+
+
+def test_binary_mode_writes_the_bytes_as_they_are(tmp_path):
+    data = bytes(range(256)) + b"\r\n\n\x89PNG"
+    with AtomicFile(tmp_path / "image.png", "wb") as out:
+        out.write(data)
+    assert (tmp_path / "image.png").read_bytes() == data
+
+
+def test_text_mode_writes_utf8_whatever_the_locale(tmp_path):
+    with AtomicFile(tmp_path / "de.txt") as out:
+        out.write("Ein Mann schläft auf einer Bank.\n")
+    assert (tmp_path / "de.txt").read_bytes() == "Ein Mann schläft auf einer Bank.\n".encode("utf-8")
+
+
+def test_a_failed_rename_raises_and_removes_the_temporary_file(tmp_path):
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "inside").write_text("kept")
+    with pytest.raises(OSError):
+        with AtomicFile(target) as out:  # a folder cannot be replaced by a file
+            out.write("x")
+    assert (target / "inside").read_text() == "kept"
+    assert leftovers(tmp_path, target.name) == []
+
+
+def test_a_missing_folder_fails_at_once(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        AtomicFile(tmp_path / "missing" / "out.txt")
+    assert list(tmp_path.iterdir()) == []
