@@ -5,6 +5,7 @@ happens there), records the config in ``.hydra/`` and trains. Hydra's own ``.hyd
 off (``hydra.output_subdir: null``) because it comes before any check: a refused run must leave
 the folder of an earlier run as it was.
 """
+
 import atexit
 import logging
 import os
@@ -20,14 +21,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
+from common.files import AtomicFile
 from data.errors import DataError
+from training import distributed
 from training.checkpoint import CheckpointError
 from training.config import register_configs
-from training.signals import INTERRUPTED, Interrupted
-from training import distributed
 from training.device import pick_device
-from common.files import AtomicFile
 from training.run_folder import RunFolderError
+from training.signals import INTERRUPTED, Interrupted
 from training.trainer import TrainingError, prepare, run
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
@@ -40,8 +41,11 @@ def record_config(out_dir: Path, cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     folder = out_dir / ".hydra"
     folder.mkdir(parents=True, exist_ok=True)
-    for name, node in [("config.yaml", cfg), ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
-                       ("overrides.yaml", hydra_cfg.overrides.task)]:
+    for name, node in [
+        ("config.yaml", cfg),
+        ("hydra.yaml", OmegaConf.create({"hydra": hydra_cfg})),
+        ("overrides.yaml", hydra_cfg.overrides.task),
+    ]:
         with AtomicFile(folder / name) as out:
             out.write(OmegaConf.to_yaml(node))
 

@@ -23,6 +23,7 @@ after the command line has been checked, so mistakes are reported at once.
 A thin command line over ``training.translator.Translator`` (the Python API): this file reads the
 input, formats the output and reports errors.
 """
+
 import argparse
 import logging
 import sys
@@ -59,21 +60,38 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="translate.py", description="Translate sentences with a checkpoint of train.py.",
+        prog="translate.py",
+        description="Translate sentences with a checkpoint of train.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add = parser.add_argument
-    add("sentences", nargs="*", metavar="SENTENCE",
-        help="sentences to translate (default: read standard input)")
-    add("--checkpoint", required=True, metavar="PATH",
-        help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt")
+    add(
+        "sentences",
+        nargs="*",
+        metavar="SENTENCE",
+        help="sentences to translate (default: read standard input)",
+    )
+    add(
+        "--checkpoint",
+        required=True,
+        metavar="PATH",
+        help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt",
+    )
     add("--input", metavar="FILE", help="read sentences from FILE, one a line")
     add("--output", metavar="FILE", help="write translations to FILE (replaced only when all are done)")
     add("--beam", type=int, default=5, help="beam size; 1 is greedy search")
-    add("--alpha", type=float, default=None,
-        help="GNMT length penalty (default: the run's trainer.length_penalty, else 1.0)")
-    add("--nbest", type=int, default=None,
-        help="print the N best hypotheses as 'index ||| hypothesis ||| score'")
+    add(
+        "--alpha",
+        type=float,
+        default=None,
+        help="GNMT length penalty (default: the run's trainer.length_penalty, else 1.0)",
+    )
+    add(
+        "--nbest",
+        type=int,
+        default=None,
+        help="print the N best hypotheses as 'index ||| hypothesis ||| score'",
+    )
     add("--batch-size", type=int, default=64, help="sentences decoded together")
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     add("--max-len-ratio", type=float, default=None, help="longest output: this times the source length ...")
@@ -86,8 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
 def check_length_limit(ratio: Optional[float], extra: Optional[int]) -> None:
     """The options given (None: the search's default) must allow some output."""
     if (ratio is not None and ratio < 0) or (extra is not None and extra < 0) or ratio == extra == 0:
-        given = " ".join(f"--max-len-{name} {value}" for name, value in (("ratio", ratio), ("extra", extra))
-                         if value is not None)
+        given = " ".join(
+            f"--max-len-{name} {value}"
+            for name, value in (("ratio", ratio), ("extra", extra))
+            if value is not None
+        )
         raise UsageError(f"{given}: the length limit must be positive (both >= 0, not both 0)")
 
 
@@ -112,8 +133,13 @@ def check_args(args: argparse.Namespace) -> None:
 
 def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments of ``Translator.translate`` the command line sets (length limits when given)."""
-    options = dict(beam=args.beam, alpha=args.alpha, nbest=args.nbest or 1, batch_size=args.batch_size,
-                   alignments=bool(args.alignments or args.plot))  # plots need the word attention too
+    options = dict(
+        beam=args.beam,
+        alpha=args.alpha,
+        nbest=args.nbest or 1,
+        batch_size=args.batch_size,
+        alignments=bool(args.alignments or args.plot),
+    )  # plots need the word attention too
     options.update({name: getattr(args, name) for name in SEARCH_DEFAULTS if getattr(args, name) is not None})
     return options
 

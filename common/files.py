@@ -2,6 +2,7 @@
 disk, then renamed over the target. A crash, a full disk or an error part-way leaves the previous
 file as it was (a rename within one file system is atomic). Imports no torch: the command-line
 tools use it before (or without) loading models."""
+
 import os
 import tempfile
 from pathlib import Path
@@ -34,7 +35,9 @@ class AtomicFile:
             self.stream.flush()
             os.fsync(self.stream.fileno())
             self.stream.close()
-            os.chmod(self.tmp, 0o666 & ~current_umask())  # mkstemp makes the file private: give it normal permissions
+            os.chmod(
+                self.tmp, 0o666 & ~current_umask()
+            )  # mkstemp makes the file private: give it normal permissions
             os.replace(self.tmp, self.path)
             self.done = True
         except BaseException:

@@ -1,6 +1,7 @@
 """A config as settings: nested dicts flattened to dotted keys, the keys that are not settings,
 and the check of a node's keys against its schema. Standard library only (OmegaConf is imported
 where a check raises its error type)."""
+
 import dataclasses
 from typing import Any, Dict, Mapping
 

@@ -8,8 +8,10 @@ Sequence layout (ids from ``data.tokenizer``)::
 
 Batch size is a token budget, ``batch_tokens``, counted *with* padding: a batch of ``n`` pairs
 costs ``n * (S + T)``, the positions of ``src`` plus those of ``tgt_in`` (``tgt_out`` is the same
-sequence shifted), which is what the encoder and decoder compute over. Sorting pairs by length before packing keeps the padding low.
+sequence shifted), which is what the encoder and decoder compute over. Sorting pairs by length
+before packing keeps the padding low.
 """
+
 import random
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -53,7 +55,9 @@ class Batch:
     indices: Tensor  # (B,) each pair's position in its split: restores the input order
 
     def to(self, device: torch.device) -> "Batch":
-        return Batch(*(getattr(self, name).to(device, non_blocking=True) for name in self.__dataclass_fields__))
+        return Batch(
+            *(getattr(self, name).to(device, non_blocking=True) for name in self.__dataclass_fields__)
+        )
 
     @property
     def n_tgt_tokens(self) -> int:
@@ -84,7 +88,9 @@ def collate(examples: Sequence[Tuple[int, List[int], List[int]]]) -> Batch:
     )
 
 
-def pack(order: Sequence[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int) -> List[List[int]]:
+def pack(
+    order: Sequence[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int
+) -> List[List[int]]:
     """Cut ``order`` into consecutive batches whose padded size stays within ``batch_tokens``.
 
     A batch of ``n`` pairs costs ``n * (longest src + longest tgt)``; a pair that alone exceeds the

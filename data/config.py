@@ -3,6 +3,7 @@
 Plain dataclasses, no Hydra import: the training entry point registers them with Hydra's
 ConfigStore so that a typo or a wrong type fails when the config is composed.
 """
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -25,7 +26,9 @@ class HubConfig:
     # Records are either {lang: text, ...} (field null) or {field: {lang: text, ...}}.
     field: Optional[str] = None
     # Our split name -> the hub's split name. Our names: train, val, test_* (like the raw layout).
-    splits: Dict[str, str] = dataclasses.field(default_factory=lambda: {"train": "train", "val": "validation"})
+    splits: Dict[str, str] = dataclasses.field(
+        default_factory=lambda: {"train": "train", "val": "validation"}
+    )
 
 
 @dataclass

@@ -6,6 +6,7 @@ is a dict ``split name -> list of (source, target) strings``: ``train``, ``val``
 ``test_*`` split. Bad input raises ``DataError`` with a one-line message that names the file(s)
 and says what to do.
 """
+
 import codecs
 import gzip
 import logging
@@ -98,7 +99,9 @@ def load_folder(root: Path, src: str, tgt: str) -> Corpus:
     """Train, val and every ``test_*`` split of a folder in the raw Multi30k layout."""
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"data folder {root} does not exist: set data.root to a folder of {{split}}.{{lang}}[.gz] files")
+        raise DataError(
+            f"data folder {root} does not exist: set data.root to a folder of {{split}}.{{lang}}[.gz] files"
+        )
     files = split_files(root)
     langs = sorted({lang for by_lang in files.values() for lang in by_lang})
     for lang, key in ((src, "data.src"), (tgt, "data.tgt")):
@@ -110,7 +113,9 @@ def load_folder(root: Path, src: str, tgt: str) -> Corpus:
     for required in (TRAIN, VALID):
         for lang in (src, tgt):
             if lang not in files.get(required, {}):
-                raise DataError(f"{root / f'{required}.{lang}'}[.gz]: file not found; the folder needs train and val splits")
+                raise DataError(
+                    f"{root / f'{required}.{lang}'}[.gz]: file not found; the folder needs train and val splits"
+                )
     corpus = {}
     for split, by_lang in files.items():
         if src in by_lang and tgt in by_lang:
@@ -127,7 +132,9 @@ def load_files(files: Dict[str, FilePair]) -> Corpus:
             raise DataError(f"data.files has no '{required}' entry; give data.files.{required}.src and .tgt")
     for split in files:
         if split not in (TRAIN, VALID) and not split.startswith(TEST_PREFIX):
-            raise DataError(f"data.files.{split}: unknown split name; use train, val, or a name starting with 'test'")
+            raise DataError(
+                f"data.files.{split}: unknown split name; use train, val, or a name starting with 'test'"
+            )
     return {split: read_parallel(Path(pair.src), Path(pair.tgt)) for split, pair in files.items()}
 
 
@@ -164,7 +171,10 @@ def check_hub_reachable(timeout: float = 5.0) -> bool:
 
 def hub_offline() -> bool:
     """The user asked the Hugging Face libraries to work from their cache only."""
-    return any(os.environ.get(name, "").lower() in ("1", "true", "yes") for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(
+        os.environ.get(name, "").lower() in ("1", "true", "yes")
+        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+    )
 
 
 def download_hub(cfg: DataConfig, folder: Path) -> None:
@@ -182,7 +192,9 @@ def download_hub(cfg: DataConfig, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for ours, theirs in hub.splits.items():
         try:
-            records = datasets.load_dataset(hub.path, hub.name, split=theirs, cache_dir=str(folder.parent / "hf"))
+            records = datasets.load_dataset(
+                hub.path, hub.name, split=theirs, cache_dir=str(folder.parent / "hf")
+            )
         except Exception as error:  # network, missing data set or split: one line, with the way out
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise DataError(
@@ -198,7 +210,9 @@ def download_hub(cfg: DataConfig, folder: Path) -> None:
 def _check_language(record: dict, field: Optional[str], lang: str, where: str) -> None:
     texts = record.get(field, {}) if field else record
     if lang not in texts:
-        raise DataError(f"{where} has no language '{lang}' (found: {', '.join(texts) or 'none'}); set data.src/data.tgt to one of them")
+        raise DataError(
+            f"{where} has no language '{lang}' (found: {', '.join(texts) or 'none'}); set data.src/data.tgt to one of them"
+        )
 
 
 def _record_text(record: dict, field: Optional[str], lang: str) -> str:
@@ -225,7 +239,11 @@ def load_corpus(cfg: DataConfig) -> Corpus:
         wanted = [folder / f"{split}.{lang}" for split in cfg.hub.splits for lang in (cfg.src, cfg.tgt)]
         if not all(path.is_file() for path in wanted):
             download_hub(cfg, folder)
-        corpus = {split: pairs for split, pairs in load_folder(folder, cfg.src, cfg.tgt).items() if split in cfg.hub.splits}
+        corpus = {
+            split: pairs
+            for split, pairs in load_folder(folder, cfg.src, cfg.tgt).items()
+            if split in cfg.hub.splits
+        }
     else:
         raise DataError("the data config names no source: set data.root=DIR, data.files or data.hub")
     if cfg.train_limit is not None:

@@ -3,6 +3,7 @@
 ``prepare_data(cfg)`` is the one call the trainer makes; ``batch_stats`` and ``format_stats``
 give the block logged at start.
 """
+
 import logging
 import statistics
 import time
@@ -47,7 +48,9 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     corpus = load_corpus(cfg)
     train, n_empty = drop_empty_pairs(corpus[TRAIN])
     if not train:
-        raise DataError(f"the training split of {describe_source(cfg)} holds no non-empty pair: check data.src/data.tgt and the files")
+        raise DataError(
+            f"the training split of {describe_source(cfg)} holds no non-empty pair: check data.src/data.tgt and the files"
+        )
     if n_empty:
         log.info("dropped %d training pairs with an empty side", n_empty)
     load_seconds = time.perf_counter() - start
@@ -63,14 +66,18 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     if n_long:
         log.info("dropped %d training pairs longer than data.max_len=%d subword tokens", n_long, cfg.max_len)
     if not src:
-        raise DataError(f"every training pair is longer than data.max_len={cfg.max_len} subword tokens: raise data.max_len")
+        raise DataError(
+            f"every training pair is longer than data.max_len={cfg.max_len} subword tokens: raise data.max_len"
+        )
     datasets = {TRAIN: ParallelDataset(src, tgt)}
     sources, references = {}, {}
     for split in [VALID] + eval_split_names(corpus):
         pairs: Pairs = corpus[split]
         sources[split] = [s for s, _ in pairs]
         references[split] = [t for _, t in pairs]
-        datasets[split] = ParallelDataset(tokenizer.encode_src(sources[split]), tokenizer.encode_tgt(references[split]))
+        datasets[split] = ParallelDataset(
+            tokenizer.encode_src(sources[split]), tokenizer.encode_tgt(references[split])
+        )
     encode_seconds = time.perf_counter() - start
 
     stats = {
@@ -79,7 +86,8 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         "pairs": {split: len(ds) for split, ds in datasets.items()},
         "dropped_empty": n_empty,
         "dropped_long": n_long,
-        "vocab": f"{tokenizer.src_vocab_size}" + ("" if tokenizer.joint else f" / {tokenizer.tgt_vocab_size}"),
+        "vocab": f"{tokenizer.src_vocab_size}"
+        + ("" if tokenizer.joint else f" / {tokenizer.tgt_vocab_size}"),
         "joint_vocab": tokenizer.joint,
         "lengths": {split: length_stats(ds) for split, ds in datasets.items()},
         "seconds": {"load": load_seconds, "vocab": vocab_seconds, "encode": encode_seconds},
@@ -91,7 +99,12 @@ def length_stats(dataset: ParallelDataset) -> Dict[str, float]:
     """Mean and max subword tokens per side (without BOS/EOS)."""
     src = [len(ids) for ids in dataset.src] or [0]
     tgt = [len(ids) for ids in dataset.tgt] or [0]
-    return {"src_mean": statistics.fmean(src), "src_max": max(src), "tgt_mean": statistics.fmean(tgt), "tgt_max": max(tgt)}
+    return {
+        "src_mean": statistics.fmean(src),
+        "src_max": max(src),
+        "tgt_mean": statistics.fmean(tgt),
+        "tgt_max": max(tgt),
+    }
 
 
 def batch_stats(sampler: TokenBucketSampler) -> Dict[str, float]:

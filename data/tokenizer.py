@@ -8,6 +8,7 @@ gives detokenized text that sacrebleu compares with the raw references. ``decode
 equals ``normalize(x)`` below (NFKC also turns compatibility characters such as ``…`` or full-width
 forms into their plain equivalents).
 """
+
 import hashlib
 import io
 import json
@@ -107,7 +108,9 @@ def train_model(lines: Iterable[str], options: Dict[str, object]) -> bytes:
     spm.set_random_generator_seed(1)
     model = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=model, minloglevel=2, **options)
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_writer=model, minloglevel=2, **options
+        )
     except RuntimeError as error:
         message = (str(error).strip().splitlines() or ["SentencePiece training failed"])[-1]
         message = message.split("] ", 1)[-1].strip()  # drop SentencePiece's source location
@@ -117,7 +120,9 @@ def train_model(lines: Iterable[str], options: Dict[str, object]) -> bytes:
             advice = "raise data.vocab_size"
         else:
             raise DataError(f"SentencePiece training failed: {message}") from None
-        raise DataError(f"data.vocab_size={options['vocab_size']} does not fit this training data ({message}); {advice}") from None
+        raise DataError(
+            f"data.vocab_size={options['vocab_size']} does not fit this training data ({message}); {advice}"
+        ) from None
     return model.getvalue()
 
 
@@ -146,10 +151,18 @@ def build_tokenizer(
     if joint:
         models = [train_model((text for pair in pairs for text in pair), options)]
     else:
-        models = [train_model((src for src, _ in pairs), options), train_model((tgt for _, tgt in pairs), options)]
+        models = [
+            train_model((src for src, _ in pairs), options),
+            train_model((tgt for _, tgt in pairs), options),
+        ]
     folder.mkdir(parents=True, exist_ok=True)
     for path, model in zip(paths, models):
         with AtomicFile(path, "wb") as out:  # a cached model is always complete
             out.write(model)
-    log.info("tokenizer: trained %s SentencePiece model(s) in %.1f s, saved in %s", model_type, time.perf_counter() - start, folder)
+    log.info(
+        "tokenizer: trained %s SentencePiece model(s) in %.1f s, saved in %s",
+        model_type,
+        time.perf_counter() - start,
+        folder,
+    )
     return Tokenizer(*models)

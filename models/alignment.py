@@ -8,6 +8,7 @@ to no word). Each target word ``j`` is aligned to its most-attended source word 
 Shapes: ``T`` and ``S`` count output and source pieces, ``P`` the pieces of either, ``W`` words
 (``W_tgt``, ``W_src``).
 """
+
 from typing import List, Sequence, Tuple
 
 import torch

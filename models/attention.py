@@ -24,6 +24,7 @@ weights and a zero output instead of ``softmax([-inf, ..., -inf]) = NaN``, with 
 Weights are returned, never stored on the module, and are the softmax output *before* attention
 dropout (dropout is a training-time perturbation; the returned rows sum to 1).
 """
+
 import math
 from typing import Optional, Tuple
 

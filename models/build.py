@@ -1,4 +1,5 @@
 """``build_model``: the one place that turns a model config into a model."""
+
 from typing import Union
 
 from torch import nn

@@ -4,6 +4,7 @@ Plain dataclasses, no Hydra: a model can be built in a notebook from ``RNNConfig
 ``TransformerConfig(d_model=512)``. The training entry point registers them as Hydra schemas, so
 a typo or a wrong type in ``model.*`` fails when the config is composed.
 """
+
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Union
 

@@ -3,6 +3,7 @@
 ``E`` is the embedding size (the RNN's ``embed_dim``, the Transformer's ``D``); ``T`` the length of
 any sequence, source or target.
 """
+
 import math
 from typing import Optional
 

@@ -11,6 +11,7 @@ scores, ``(B, T, S)`` for additive attention and ``(B, H, T, S)`` for multi-head
 - causal mask ``(T, S)``: hides future positions in decoder self-attention;
 - ``combine_masks`` intersects any of them (a position is visible only if every mask allows it).
 """
+
 from typing import Optional
 
 import torch

@@ -18,6 +18,7 @@ layer run over all steps at once in a teacher-forced pass.
 Shapes (the scheme of ``models/__init__.py``): ``D`` hidden size (the decoder state; the encoder
 states are ``2D``, both directions), ``E`` embedding size, ``d_a`` attention size, ``N`` layers.
 """
+
 from typing import Dict, Optional, Tuple
 
 import torch

@@ -23,6 +23,7 @@ the state that depend only on the source (``models.seq2seq.SOURCE_KEYS``) are no
 
 ``search`` is the one entry point of the rest of the project: greedy for a beam of 1, else beam search.
 """
+
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -46,7 +47,10 @@ class Hypothesis:
 
 
 def output_limits(
-    src_mask: Tensor, ratio: float = MAX_LEN_RATIO, extra: int = MAX_LEN_EXTRA, max_len: Optional[int] = None,
+    src_mask: Tensor,
+    ratio: float = MAX_LEN_RATIO,
+    extra: int = MAX_LEN_EXTRA,
+    max_len: Optional[int] = None,
     cap: Optional[int] = None,
 ) -> List[int]:
     """Longest output of each sentence: ``ratio`` times its source length plus ``extra``, or ``max_len``
@@ -98,8 +102,15 @@ def _append(history: Optional[Tensor], step: Optional[Tensor]) -> Optional[Tenso
 
 @torch.no_grad()
 def greedy_search(
-    model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, max_len: Optional[int] = None,
-    need_weights: bool = False, pad_id: int = 0, max_len_ratio: float = MAX_LEN_RATIO,
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len: Optional[int] = None,
+    need_weights: bool = False,
+    pad_id: int = 0,
+    max_len_ratio: float = MAX_LEN_RATIO,
     max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[Hypothesis]:
     """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence."""
@@ -124,8 +135,10 @@ def greedy_search(
         for i in done.nonzero().flatten().tolist():
             ids = history[i].tolist()
             results[int(alive[i])] = Hypothesis(
-                ids[:-1] if ended[i] else ids, float(scores[i]),
-                None if alignments is None else alignments[i].cpu(), finished=bool(ended[i]),
+                ids[:-1] if ended[i] else ids,
+                float(scores[i]),
+                None if alignments is None else alignments[i].cpu(),
+                finished=bool(ended[i]),
             )
         if bool(done.all()):
             break
@@ -177,8 +190,17 @@ def _expand(
 
 
 def _finish(
-    top: Tensor, rows: Tensor, is_eos: Tensor, beam: int, t: int, alpha: float, history: Tensor,
-    alignments: Optional[Tensor], weights: Optional[Tensor], sentences: List[int], finished: List[_Finished],
+    top: Tensor,
+    rows: Tensor,
+    is_eos: Tensor,
+    beam: int,
+    t: int,
+    alpha: float,
+    history: Tensor,
+    alignments: Optional[Tensor],
+    weights: Optional[Tensor],
+    sentences: List[int],
+    finished: List[_Finished],
 ) -> None:
     """Move extensions by EOS that rank among the first ``K`` of their sentence to its finished list.
 
@@ -220,9 +242,19 @@ def _search_over(best_live: float, limit: int, t: int, found: _Finished, nbest: 
 
 @torch.no_grad()
 def beam_search(
-    model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, beam_size: int = 5,
-    alpha: float = 1.0, nbest: int = 1, max_len: Optional[int] = None, need_weights: bool = False,
-    pad_id: int = 0, max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 5,
+    alpha: float = 1.0,
+    nbest: int = 1,
+    max_len: Optional[int] = None,
+    need_weights: bool = False,
+    pad_id: int = 0,
+    max_len_ratio: float = MAX_LEN_RATIO,
+    max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[List[Hypothesis]]:
     """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first."""
     if beam_size < 1:
@@ -276,7 +308,13 @@ def beam_search(
 
 
 def _add_unfinished(
-    found: _Finished, a: int, beam: int, t: int, alpha: float, scores: Tensor, history: Tensor,
+    found: _Finished,
+    a: int,
+    beam: int,
+    t: int,
+    alpha: float,
+    scores: Tensor,
+    history: Tensor,
     alignments: Optional[Tensor],
 ) -> None:
     """At the length limit, the sentence's live hypotheses join its list as unfinished ones."""
@@ -289,15 +327,30 @@ def _add_unfinished(
 
 
 def search(
-    model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int, eos_id: int, beam_size: int = 1,
-    alpha: float = 1.0, nbest: int = 1, need_weights: bool = False, pad_id: int = 0,
-    max_len: Optional[int] = None, max_len_ratio: float = MAX_LEN_RATIO, max_len_extra: int = MAX_LEN_EXTRA,
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 1,
+    alpha: float = 1.0,
+    nbest: int = 1,
+    need_weights: bool = False,
+    pad_id: int = 0,
+    max_len: Optional[int] = None,
+    max_len_ratio: float = MAX_LEN_RATIO,
+    max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[List[Hypothesis]]:
     """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first: greedy
     search when ``beam_size`` is 1 (the same output as a beam of 1, without the bookkeeping; its
     score is not length-normalised), beam search otherwise."""
-    limits = dict(max_len=max_len, need_weights=need_weights, pad_id=pad_id,
-                  max_len_ratio=max_len_ratio, max_len_extra=max_len_extra)
+    limits = dict(
+        max_len=max_len,
+        need_weights=need_weights,
+        pad_id=pad_id,
+        max_len_ratio=max_len_ratio,
+        max_len_extra=max_len_extra,
+    )
     if beam_size == 1:
         if nbest != 1:
             raise ValueError(f"nbest={nbest} must be between 1 and the beam size 1")

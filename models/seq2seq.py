@@ -28,6 +28,7 @@ A decoder state is a nest of dicts, lists and tuples whose tensors all have the 
 so ``map_state(state, fn)`` can reorder or repeat it for beam search. Entries that depend on the
 source only go under the keys in ``SOURCE_KEYS``.
 """
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, List, Optional
 

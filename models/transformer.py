@@ -12,6 +12,7 @@ output once per sentence.
 Shapes (the scheme of ``models/__init__.py``): ``D`` is ``d_model``, ``H`` heads, ``d_k = D / H``,
 ``d_ff`` the feed-forward size, ``t`` target positions already in the cache.
 """
+
 from typing import Dict, List, Optional, Tuple
 
 import torch

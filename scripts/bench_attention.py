@@ -14,6 +14,7 @@ Prints a Markdown table of median milliseconds per forward+backward and the rati
     python scripts/bench_attention.py                      # full grid, CPU (and CUDA when present)
     python scripts/bench_attention.py --lengths 16 64 --dims 256 --repeats 5
 """
+
 import argparse
 import os
 import platform
@@ -31,7 +32,9 @@ from models.masks import key_mask, padding_mask_from_lengths  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--dims", type=int, nargs="+", default=[256, 512])
     parser.add_argument("--heads", type=int, default=8)
@@ -48,7 +51,9 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_fwd_bwd(steps: Dict[str, Callable[[], torch.Tensor]], device: str, warmup: int, repeats: int) -> Dict[str, float]:
+def time_fwd_bwd(
+    steps: Dict[str, Callable[[], torch.Tensor]], device: str, warmup: int, repeats: int
+) -> Dict[str, float]:
     """Median milliseconds of ``step().backward()`` for every step, after ``warmup`` runs.
 
     The implementations take turns (one run of each per round) so that a slow phase of a shared
@@ -74,7 +79,9 @@ def copy_into_torch_mha(ours: MultiHeadAttention, theirs: nn.MultiheadAttention)
         theirs.out_proj.bias.copy_(ours.out_proj.bias)
 
 
-def bench_case(batch: int, dim: int, heads: int, length: int, device: str, warmup: int, repeats: int) -> Dict[str, float]:
+def bench_case(
+    batch: int, dim: int, heads: int, length: int, device: str, warmup: int, repeats: int
+) -> Dict[str, float]:
     torch.manual_seed(0)
     x = torch.randn(batch, length, dim, device=device, requires_grad=True)  # (B, T, D)
     lengths = torch.randint(max(1, length // 2), length + 1, (batch,), device=device)  # (B,)
@@ -106,7 +113,11 @@ def default_repeats(batch: int, dim: int, length: int) -> int:
 
 def markdown_table(rows: List[Dict]) -> str:
     names = ["ours fused", "ours explicit", "nn.MHA", "nn.MHA weights", "bare SDPA"]
-    header = "| device | D | L | " + " | ".join(f"{n} (ms)" for n in names) + " | fused / nn.MHA | explicit / nn.MHA |"
+    header = (
+        "| device | D | L | "
+        + " | ".join(f"{n} (ms)" for n in names)
+        + " | fused / nn.MHA | explicit / nn.MHA |"
+    )
     lines = [header, "|" + " --- |" * (len(names) + 5)]
     for row in rows:
         t = row["times"]

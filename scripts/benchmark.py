@@ -21,6 +21,7 @@ Each decoding case runs ``--repeats`` times; the table shows the fastest run (th
 by other work on the machine) and BLEU of its output, a check that the outputs are real
 translations.
 """
+
 import argparse
 import json
 import os
@@ -37,26 +38,50 @@ sys.path.insert(0, str(ROOT))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     decoding = argparse.ArgumentParser(add_help=False)
-    decoding.add_argument("--data", default=os.environ.get("MULTI30K_DIR"), help="folder with {split}.{lang}[.gz] (default: $MULTI30K_DIR)")
+    decoding.add_argument(
+        "--data",
+        default=os.environ.get("MULTI30K_DIR"),
+        help="folder with {split}.{lang}[.gz] (default: $MULTI30K_DIR)",
+    )
     decoding.add_argument("--split", default="test_2016_flickr")
     decoding.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     decoding.add_argument("--batch-size", type=int, default=64)
     decoding.add_argument("--device", default="cpu")
     decoding.add_argument("--repeats", type=int, default=1)
     tr = commands.add_parser("translate", parents=[decoding], help="decoding speed of translate.py")
-    tr.add_argument("--checkpoint", action="append", required=True, metavar="NAME=PATH", help="a checkpoint to time (repeatable)")
+    tr.add_argument(
+        "--checkpoint",
+        action="append",
+        required=True,
+        metavar="NAME=PATH",
+        help="a checkpoint to time (repeatable)",
+    )
     tr.add_argument("--out", default="benchmark_translate", help="writes OUT.json and OUT.md")
-    tn = commands.add_parser("train", parents=[decoding], help="training throughput, peak memory, epoch time (+ decoding)")
+    tn = commands.add_parser(
+        "train", parents=[decoding], help="training throughput, peak memory, epoch time (+ decoding)"
+    )
     tn.add_argument("--models", nargs="+", default=["rnn", "transformer"], help="model configs (conf/model)")
     tn.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
     tn.add_argument("--steps", type=int, default=100, help="steps timed")
-    tn.add_argument("--batch-tokens", type=int, help="trainer.batch_tokens for every model (default: each one's own)")
-    tn.add_argument("--checkpoint", action="append", default=[], metavar="NAME=PATH", help="also time decoding (repeatable)")
+    tn.add_argument(
+        "--batch-tokens", type=int, help="trainer.batch_tokens for every model (default: each one's own)"
+    )
+    tn.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also time decoding (repeatable)",
+    )
     tn.add_argument("--out", default="benchmark_train", help="writes OUT.json and OUT.md")
-    tn.add_argument("overrides", nargs="*", help="more Hydra overrides for every model (e.g. trainer.num_threads=1)")
+    tn.add_argument(
+        "overrides", nargs="*", help="more Hydra overrides for every model (e.g. trainer.num_threads=1)"
+    )
     one = commands.add_parser("train-one", help="internal: one model of `train`, in a process of its own")
     one.add_argument("--model", required=True)
     one.add_argument("--data", required=True)
@@ -108,8 +133,18 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
             src_file.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
             empty.write_text("")
             for beam in args.beams:
-                base = [sys.executable, "translate.py", "--checkpoint", str(Path(path).resolve()), "--beam", str(beam),
-                        "--batch-size", str(args.batch_size), "--device", args.device]
+                base = [
+                    sys.executable,
+                    "translate.py",
+                    "--checkpoint",
+                    str(Path(path).resolve()),
+                    "--beam",
+                    str(beam),
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--device",
+                    args.device,
+                ]
                 out_file = Path(scratch) / "out.txt"
                 runs = []
                 for _ in range(args.repeats):
@@ -118,18 +153,34 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
                     runs.append((total - startup, startup, total))
                 decode, startup, total = min(runs)
                 hyps = out_file.read_text(encoding="utf-8").splitlines()
-                tokens = sum(len(ids) + 1 for ids in tokenizer.encode_tgt(hyps))  # subword tokens, EOS included
+                tokens = sum(
+                    len(ids) + 1 for ids in tokenizer.encode_tgt(hyps)
+                )  # subword tokens, EOS included
                 timed = decode > 0  # a small input can decode faster than start-up varies: no rate then
-                rows.append({
-                    "model": name, "params": count_parameters(model), "beam": beam,
-                    "sentences": len(sources), "startup_s": round(startup, 2), "decode_s": round(decode, 2),
-                    "total_s": round(total, 2), "sentences_per_s": round(len(sources) / decode, 1) if timed else None,
-                    "tokens_per_s": round(tokens / decode, 1) if timed else None,
-                    "bleu": round(sacrebleu.corpus_bleu(hyps, [references]).score, 2),
-                })
+                rows.append(
+                    {
+                        "model": name,
+                        "params": count_parameters(model),
+                        "beam": beam,
+                        "sentences": len(sources),
+                        "startup_s": round(startup, 2),
+                        "decode_s": round(decode, 2),
+                        "total_s": round(total, 2),
+                        "sentences_per_s": round(len(sources) / decode, 1) if timed else None,
+                        "tokens_per_s": round(tokens / decode, 1) if timed else None,
+                        "bleu": round(sacrebleu.corpus_bleu(hyps, [references]).score, 2),
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
-    return {"benchmark": "translate", "split": args.split, "batch_size": args.batch_size, "device": args.device,
-            "machine": machine(), "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    return {
+        "benchmark": "translate",
+        "split": args.split,
+        "batch_size": args.batch_size,
+        "device": args.device,
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "rows": rows,
+    }
 
 
 def machine() -> str:
@@ -152,8 +203,15 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
     from training.trainer import Trainer
 
     register_configs()
-    overrides = [f"model={args.model}", f"data.root={args.data}", f"device={args.device}", "trainer.eval_every=1000000000",
-                 "trainer.log_every=1000000000", "trainer.max_epochs=null", *args.overrides]
+    overrides = [
+        f"model={args.model}",
+        f"data.root={args.data}",
+        f"device={args.device}",
+        "trainer.eval_every=1000000000",
+        "trainer.log_every=1000000000",
+        "trainer.max_epochs=null",
+        *args.overrides,
+    ]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     with tempfile.TemporaryDirectory() as scratch:
@@ -170,29 +228,66 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         return {
-            "model": args.model, "params": trainer.params, "device": str(trainer.device), "threads": torch.get_num_threads(),
-            "batch_tokens": trainer.tc.batch_tokens, "warmup_steps": args.warmup, "steps": args.steps,
-            "tgt_tokens_per_batch": round(tokens / args.steps, 1), "seconds_per_step": round(seconds / args.steps, 4),
-            "tgt_tokens_per_s": round(tokens / seconds, 1), "peak_memory_mib": round(peak / 2**20, 1),
-            "memory_kind": "peak CUDA allocated" if trainer.device.type == "cuda" else "peak resident set (process)",
-            "epoch_tgt_tokens": epoch_tokens, "epoch_minutes": round(epoch_tokens / (tokens / seconds) / 60, 2),
+            "model": args.model,
+            "params": trainer.params,
+            "device": str(trainer.device),
+            "threads": torch.get_num_threads(),
+            "batch_tokens": trainer.tc.batch_tokens,
+            "warmup_steps": args.warmup,
+            "steps": args.steps,
+            "tgt_tokens_per_batch": round(tokens / args.steps, 1),
+            "seconds_per_step": round(seconds / args.steps, 4),
+            "tgt_tokens_per_s": round(tokens / seconds, 1),
+            "peak_memory_mib": round(peak / 2**20, 1),
+            "memory_kind": "peak CUDA allocated"
+            if trainer.device.type == "cuda"
+            else "peak resident set (process)",
+            "epoch_tgt_tokens": epoch_tokens,
+            "epoch_minutes": round(epoch_tokens / (tokens / seconds) / 60, 2),
         }
 
 
 def bench_train(args: argparse.Namespace) -> Dict[str, Any]:
     rows = []
     for model in args.models:
-        extra = list(args.overrides) + ([f"trainer.batch_tokens={args.batch_tokens}"] if args.batch_tokens else [])
-        command = [sys.executable, str(Path(__file__).resolve()), "train-one", "--model", model, "--data", str(Path(args.data).resolve()),
-                   "--warmup", str(args.warmup), "--steps", str(args.steps), "--device", args.device, "--", *extra]
+        extra = list(args.overrides) + (
+            [f"trainer.batch_tokens={args.batch_tokens}"] if args.batch_tokens else []
+        )
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "train-one",
+            "--model",
+            model,
+            "--data",
+            str(Path(args.data).resolve()),
+            "--warmup",
+            str(args.warmup),
+            "--steps",
+            str(args.steps),
+            "--device",
+            args.device,
+            "--",
+            *extra,
+        ]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if done.returncode != 0:
-            last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit code {done.returncode}"
+            last = (
+                done.stderr.strip().splitlines()[-1]
+                if done.stderr.strip()
+                else f"exit code {done.returncode}"
+            )
             raise SystemExit(f"error: training {model} failed: {last}")
         rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(json.dumps(rows[-1]), flush=True)
-    result = {"benchmark": "train", "machine": machine(), "date": time.strftime("%Y-%m-%d"), "device": args.device,
-              "overrides": args.overrides, "rows": rows}
+    result = {
+        "benchmark": "train",
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "device": args.device,
+        "overrides": args.overrides,
+        "rows": rows,
+    }
     if args.checkpoint:
         result["translate"] = bench_translate(args)
     return result
@@ -203,16 +298,21 @@ def train_table(result: Dict[str, Any]) -> str:
         f"Training on Multi30k train, device {result['device']}; {result['machine']}; {result['date']}"
         + (f"; overrides: {' '.join(result['overrides'])}" if result["overrides"] else ""),
         "",
-        "| model | params | batch_tokens | tgt tokens/batch | steps timed | s/step | tgt tok/s | peak memory MiB | epoch (min) |",
+        "| model | params | batch_tokens | tgt tokens/batch | steps timed | s/step | tgt tok/s "
+        "| peak memory MiB | epoch (min) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['model']} | {r['params']:,} | {r['batch_tokens']} | {r['tgt_tokens_per_batch']:,.0f} | "
-                     f"{r['steps']} (after {r['warmup_steps']}) | {r['seconds_per_step']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
-                     f"{r['peak_memory_mib']:,.0f} | {r['epoch_minutes']:.1f} |")
+        lines.append(
+            f"| {r['model']} | {r['params']:,} | {r['batch_tokens']} | {r['tgt_tokens_per_batch']:,.0f} | "
+            f"{r['steps']} (after {r['warmup_steps']}) | {r['seconds_per_step']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
+            f"{r['peak_memory_mib']:,.0f} | {r['epoch_minutes']:.1f} |"
+        )
     kinds = sorted({r["memory_kind"] for r in result["rows"]})
-    lines.append(f"\nPeak memory: {', '.join(kinds)}. Epoch: the target tokens of one training epoch at the measured "
-                 "rate (steps only, no evaluation).")
+    lines.append(
+        f"\nPeak memory: {', '.join(kinds)}. Epoch: the target tokens of one training epoch at the measured "
+        "rate (steps only, no evaluation)."
+    )
     if "translate" in result:
         lines += ["", translate_table(result["translate"])]
     return "\n".join(lines) + "\n"
@@ -227,9 +327,14 @@ def translate_table(result: Dict[str, Any]) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
-        rates = (f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f}" if r["sentences_per_s"] is not None
-                 else "(below start-up noise) | -")
-        lines.append(f"| {r['model']} | {r['beam']} | {r['startup_s']:.2f} | {r['decode_s']:.2f} | {rates} | {r['bleu']:.2f} |")
+        rates = (
+            f"{r['sentences_per_s']:.1f} | {r['tokens_per_s']:.0f}"
+            if r["sentences_per_s"] is not None
+            else "(below start-up noise) | -"
+        )
+        lines.append(
+            f"| {r['model']} | {r['beam']} | {r['startup_s']:.2f} | {r['decode_s']:.2f} | {rates} | {r['bleu']:.2f} |"
+        )
     by_model: Dict[str, Dict[int, float]] = {}
     for r in result["rows"]:
         by_model.setdefault(r["model"], {})[r["beam"]] = r["decode_s"]
@@ -245,7 +350,11 @@ def main(argv=None) -> None:
     if args.command == "train-one":
         print(json.dumps(measure_training(args)))
         return
-    result, table = (bench_train(args), train_table) if args.command == "train" else (bench_translate(args), translate_table)
+    result, table = (
+        (bench_train(args), train_table)
+        if args.command == "train"
+        else (bench_translate(args), translate_table)
+    )
     markdown = table(result)
     Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
     Path(f"{args.out}.md").write_text(markdown)

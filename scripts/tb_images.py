@@ -9,6 +9,7 @@ Tags are those of ``training/board.py`` (``cross_layer1`` is an RNN's additive a
 
 The PNG is the image as TensorBoard shows it (the heatmap with tokens on the axes), byte for byte.
 """
+
 import argparse
 import sys
 from pathlib import Path
@@ -27,7 +28,9 @@ def load_images(tb_dir: Path):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("tb_dir", type=Path, help="a run's tb/ folder")
     parser.add_argument("--list", action="store_true", help="print the image tags and their steps")
     parser.add_argument("--tag", help="the image tag to export")
@@ -46,12 +49,18 @@ def main(argv=None) -> int:
             print(tag, " ".join(str(image.step) for image in events.Images(tag)))
         return 0
     if args.tag not in tags:
-        print(f"error: no image tag {args.tag!r} in {args.tb_dir} (--list shows the {len(tags)} there)", file=sys.stderr)
+        print(
+            f"error: no image tag {args.tag!r} in {args.tb_dir} (--list shows the {len(tags)} there)",
+            file=sys.stderr,
+        )
         return 1
     images = {image.step: image for image in events.Images(args.tag)}
     step = max(images) if args.step is None else args.step
     if step not in images:
-        print(f"error: {args.tag} has no image at step {step}; steps: {' '.join(map(str, sorted(images)))}", file=sys.stderr)
+        print(
+            f"error: {args.tag} has no image at step {step}; steps: {' '.join(map(str, sorted(images)))}",
+            file=sys.stderr,
+        )
         return 1
     try:
         with AtomicFile(args.out, "wb") as out:

@@ -1,4 +1,5 @@
 """Shared fixtures. The real Multi30k data is found through one fixture, ``multi30k_dir``."""
+
 import os
 from pathlib import Path
 
@@ -6,15 +7,29 @@ import pytest
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY_RNN = ["model=rnn", "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32"]  # 50k parameters
+TINY_RNN = [
+    "model=rnn",
+    "model.embed_dim=32",
+    "model.hidden_size=32",
+    "model.attention_size=32",
+]  # 50k parameters
 
 
 def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
     """``train.py`` overrides of a quick run of the tiny RNN in ``run_dir``: no epoch limit, no
     attention images, greedy test decoding, one thread; ``extra`` sets the steps and the rest."""
-    return [f"hydra.run.dir={run_dir}", f"data.root={data_root}", f"data.cache_dir={cache}", "data.vocab_size=500",
-            *TINY_RNN, "trainer.max_epochs=null", "trainer.attention_samples=0", "trainer.beam_size=1",
-            "trainer.num_threads=1", *extra]
+    return [
+        f"hydra.run.dir={run_dir}",
+        f"data.root={data_root}",
+        f"data.cache_dir={cache}",
+        "data.vocab_size=500",
+        *TINY_RNN,
+        "trainer.max_epochs=null",
+        "trainer.attention_samples=0",
+        "trainer.beam_size=1",
+        "trainer.num_threads=1",
+        *extra,
+    ]
 
 
 def scalars(tb_dir: Path, tag: str):
@@ -71,7 +86,9 @@ def multi30k_config(multi30k_dir):
 
     def make(cache_dir: Path, **overrides):
         node = OmegaConf.load(ROOT / "conf" / "data" / "multi30k.yaml")
-        cfg = data_config(OmegaConf.merge(node, {"root": str(multi30k_dir), "cache_dir": str(cache_dir), **overrides}))
+        cfg = data_config(
+            OmegaConf.merge(node, {"root": str(multi30k_dir), "cache_dir": str(cache_dir), **overrides})
+        )
         return cfg
 
     return make
@@ -94,7 +111,9 @@ def write_slice(source: Path, target: Path, sizes) -> Path:
 @pytest.fixture(scope="session")
 def multi30k_slice(multi30k_dir, tmp_path_factory) -> Path:
     """A small real slice of Multi30k in the raw layout: 400 train, 40 val, 30 test pairs."""
-    return write_slice(multi30k_dir, tmp_path_factory.mktemp("m30k_slice"), {"train": 400, "val": 40, "test_2016_flickr": 30})
+    return write_slice(
+        multi30k_dir, tmp_path_factory.mktemp("m30k_slice"), {"train": 400, "val": 40, "test_2016_flickr": 30}
+    )
 
 
 @pytest.fixture(scope="session")
@@ -115,11 +134,26 @@ def compose_config():
 
 LEARNING_PAIRS = 200
 LEARNING_FAMILIES = {
-    "transformer": ["model=transformer", "model.d_model=128", "model.n_heads=4", "model.ff_size=256",
-                    "model.encoder_layers=2", "model.decoder_layers=2", "model.dropout=0.0",
-                    "trainer.lr=2e-3", "trainer.max_steps=300"],
-    "rnn": ["model=rnn", "model.embed_dim=128", "model.hidden_size=128", "model.attention_size=128",
-            "model.dropout=0.0", "trainer.lr=5e-3", "trainer.max_steps=300"],
+    "transformer": [
+        "model=transformer",
+        "model.d_model=128",
+        "model.n_heads=4",
+        "model.ff_size=256",
+        "model.encoder_layers=2",
+        "model.decoder_layers=2",
+        "model.dropout=0.0",
+        "trainer.lr=2e-3",
+        "trainer.max_steps=300",
+    ],
+    "rnn": [
+        "model=rnn",
+        "model.embed_dim=128",
+        "model.hidden_size=128",
+        "model.attention_size=128",
+        "model.dropout=0.0",
+        "trainer.lr=5e-3",
+        "trainer.max_steps=300",
+    ],
 }
 
 
@@ -136,10 +170,20 @@ def trained_slice_models(multi30k_slice, compose_config, tmp_path_factory):
     for family, extra in LEARNING_FAMILIES.items():
         run = tmp_path_factory.mktemp(f"learn_{family}")
         overrides = [
-            f"data.root={multi30k_slice}", f"data.cache_dir={run / 'cache'}", f"data.train_limit={LEARNING_PAIRS}",
-            "data.vocab_size=600", "trainer.batch_tokens=2000", "trainer.schedule=constant", "trainer.warmup_steps=20",
-            "trainer.label_smoothing=0.0", "trainer.eval_every=1000000", "trainer.log_every=1000000",
-            "trainer.patience=null", "trainer.max_epochs=null", "trainer.attention_samples=0", *extra,
+            f"data.root={multi30k_slice}",
+            f"data.cache_dir={run / 'cache'}",
+            f"data.train_limit={LEARNING_PAIRS}",
+            "data.vocab_size=600",
+            "trainer.batch_tokens=2000",
+            "trainer.schedule=constant",
+            "trainer.warmup_steps=20",
+            "trainer.label_smoothing=0.0",
+            "trainer.eval_every=1000000",
+            "trainer.log_every=1000000",
+            "trainer.patience=null",
+            "trainer.max_epochs=null",
+            "trainer.attention_samples=0",
+            *extra,
         ]
         trainer = Trainer(compose_config(overrides), run)
         start = time.perf_counter()

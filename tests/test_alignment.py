@@ -1,4 +1,5 @@
 """Word alignments from subword attention (models/alignment.py)."""
+
 import torch
 
 from models.alignment import hard_alignment, pharaoh, piece_words, pool, word_attention, word_ids
@@ -12,19 +13,23 @@ def test_word_ids_start_a_word_at_each_marker():
 
 def test_pool_sums_or_averages_the_pieces_of_a_word():
     weights = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
-    torch.testing.assert_close(pool(weights, [0, 0, 1], dim=1, reduce="sum"), torch.tensor([[3.0, 3.0], [9.0, 6.0]]))
+    torch.testing.assert_close(
+        pool(weights, [0, 0, 1], dim=1, reduce="sum"), torch.tensor([[3.0, 3.0], [9.0, 6.0]])
+    )
     torch.testing.assert_close(pool(weights, [0, 0], dim=0, reduce="mean"), torch.tensor([[2.5, 3.5, 4.5]]))
 
 
 def test_word_attention_drops_eos_and_pools_pieces():
     src = ["▁Ein", "▁Hund", "e"]  # 2 source words; the weights carry one more column for EOS
     out = ["▁Two", "▁dog", "s"]  # 2 output words; the weights carry one more row for EOS
-    weights = torch.tensor([
-        [0.7, 0.1, 0.1, 0.1],
-        [0.0, 0.6, 0.3, 0.1],
-        [0.1, 0.2, 0.6, 0.1],
-        [0.0, 0.0, 0.0, 1.0],  # EOS row
-    ])
+    weights = torch.tensor(
+        [
+            [0.7, 0.1, 0.1, 0.1],
+            [0.0, 0.6, 0.3, 0.1],
+            [0.1, 0.2, 0.6, 0.1],
+            [0.0, 0.0, 0.0, 1.0],  # EOS row
+        ]
+    )
     words = word_attention(weights, src, out)
     torch.testing.assert_close(words, torch.tensor([[0.7, 0.2], [0.05, 0.85]]))
     assert hard_alignment(words) == [(0, 0), (1, 1)]

@@ -74,7 +74,9 @@ def test_mha_equals_torch_for_cross_attention(need_weights):
     decoder_states, memory = torch.randn(B, T, D), torch.randn(B, S, D)  # T != S
     pad = padding([7, 4, 2], S)
     out, weights = ours(decoder_states, memory, memory, mask=key_mask(pad), need_weights=need_weights)
-    ref, ref_weights = theirs(decoder_states, memory, memory, key_padding_mask=~pad, average_attn_weights=False)
+    ref, ref_weights = theirs(
+        decoder_states, memory, memory, key_padding_mask=~pad, average_attn_weights=False
+    )
     assert out.shape == (B, T, D)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     if need_weights:
@@ -90,8 +92,12 @@ def test_mha_accepts_every_documented_mask_shape():
     for need_weights in (True, False):
         torch.testing.assert_close(mha(x, x, x, mask=full, need_weights=need_weights)[0], expected)
     keys_only = key_mask(padding([5, 4, 2], T))  # (B, 1, 1, T)
-    torch.testing.assert_close(mha(x, x, x, mask=keys_only)[0], mha(x, x, x, mask=keys_only.expand(B, H, T, T))[0])
-    torch.testing.assert_close(mha(x, x, x, mask=causal_mask(T))[0], mha(x, x, x, mask=causal_mask(T)[None, None])[0])
+    torch.testing.assert_close(
+        mha(x, x, x, mask=keys_only)[0], mha(x, x, x, mask=keys_only.expand(B, H, T, T))[0]
+    )
+    torch.testing.assert_close(
+        mha(x, x, x, mask=causal_mask(T))[0], mha(x, x, x, mask=causal_mask(T)[None, None])[0]
+    )
     with pytest.raises(ValueError, match="key_mask"):
         mha(x, x, x, mask=padding([5, 4, 2], T)[:, None, :])  # 3-d would align B with H
     with pytest.raises(ValueError, match="key_mask"):
@@ -189,7 +195,9 @@ def test_additive_attention_equals_the_formula():
 def test_additive_attention_has_no_biases():
     attn = AdditiveAttention(6, 10, 8)
     assert {name for name, _ in attn.named_parameters()} == {
-        "query_proj.weight", "key_proj.weight", "score_proj.weight"
+        "query_proj.weight",
+        "key_proj.weight",
+        "score_proj.weight",
     }
 
 
@@ -219,7 +227,9 @@ def attention_calls():
     query, memory = torch.randn(B, T, D), torch.randn(B, S, D)
     return {
         "additive": (
-            additive, lambda m: additive(query, memory, memory, mask=m), lambda pad: key_mask(pad, False)
+            additive,
+            lambda m: additive(query, memory, memory, mask=m),
+            lambda pad: key_mask(pad, False),
         ),
         "mha explicit": (mha, lambda m: mha(query, memory, memory, mask=m, need_weights=True), key_mask),
         "mha fused": (mha, lambda m: mha(query, memory, memory, mask=m), key_mask),

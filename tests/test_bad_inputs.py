@@ -20,10 +20,11 @@ from typing import Dict
 
 import pytest
 import torch
-from conftest import ROOT, tiny_run
 from omegaconf.errors import ConfigKeyError
 
 from training.trainer import prepare
+
+from conftest import ROOT, tiny_run
 
 TINY_STEPS = ["trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.eval_every=3"]
 

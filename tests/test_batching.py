@@ -50,14 +50,18 @@ def test_order_depends_only_on_seed_and_epoch():
     assert list(a) != list(b)
     a.set_epoch(1)
     assert list(a) == list(b)
-    assert list(TokenBucketSampler(src, tgt, BUDGET, seed=8)) != list(TokenBucketSampler(src, tgt, BUDGET, seed=7))
+    assert list(TokenBucketSampler(src, tgt, BUDGET, seed=8)) != list(
+        TokenBucketSampler(src, tgt, BUDGET, seed=7)
+    )
 
 
 def test_batches_group_similar_lengths():
     src, tgt = random_lengths()
     sampler = TokenBucketSampler(src, tgt, BUDGET)
     unsorted = pack(list(range(len(src))), src, tgt, BUDGET)
-    unsorted_padding = sum(cost(b, src, tgt) for b in unsorted) / sum(src[i] + tgt[i] for i in range(len(src))) - 1
+    unsorted_padding = (
+        sum(cost(b, src, tgt) for b in unsorted) / sum(src[i] + tgt[i] for i in range(len(src))) - 1
+    )
     assert padding_ratio(sampler) < 0.5 * unsorted_padding
 
 
@@ -77,7 +81,9 @@ def test_shards_are_disjoint_equal_and_cover_the_epoch_but_its_remainder(world_s
     for r in range(world_size):
         for other in range(r + 1, world_size):
             assert not set(shards[r]) & set(shards[other])
-    assert sorted(i for shard in shards for i in shard) == sorted(i for batch in batches[:usable] for i in batch)
+    assert sorted(i for shard in shards for i in shard) == sorted(
+        i for batch in batches[:usable] for i in batch
+    )
 
 
 def test_evaluation_batches_are_sorted_and_restore_the_input_order():

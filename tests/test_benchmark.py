@@ -1,4 +1,5 @@
 """scripts/benchmark.py runs end to end on a small slice (a check that it works, not a timing)."""
+
 import json
 import subprocess
 import sys
@@ -7,15 +8,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_train_benchmark_measures_throughput_memory_and_decoding(multi30k_slice, trained_slice_models, tmp_path):
+def test_train_benchmark_measures_throughput_memory_and_decoding(
+    multi30k_slice, trained_slice_models, tmp_path
+):
     _, checkpoint, _ = trained_slice_models["rnn"]
     out = tmp_path / "bench"
-    done = subprocess.run([
-        sys.executable, str(ROOT / "scripts" / "benchmark.py"), "train", "--data", str(multi30k_slice), "--models", "rnn",
-        "--warmup", "1", "--steps", "2", "--batch-tokens", "1000", "--checkpoint", f"rnn={checkpoint}", "--beams", "1",
-        "--out", str(out), "--", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=500",
-        "model.embed_dim=32", "model.hidden_size=32", "model.attention_size=32",
-    ], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "benchmark.py"),
+            "train",
+            "--data",
+            str(multi30k_slice),
+            "--models",
+            "rnn",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--batch-tokens",
+            "1000",
+            "--checkpoint",
+            f"rnn={checkpoint}",
+            "--beams",
+            "1",
+            "--out",
+            str(out),
+            "--",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.vocab_size=500",
+            "model.embed_dim=32",
+            "model.hidden_size=32",
+            "model.attention_size=32",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(out.with_suffix(".json").read_text())
     (row,) = result["rows"]

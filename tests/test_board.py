@@ -1,4 +1,5 @@
 """TensorBoard images (training/board.py): one attention structure, the same kinds of images for both families."""
+
 import pytest
 import torch
 
@@ -12,8 +13,10 @@ def softmax(*shape):
 def test_one_additive_layer_with_one_head_is_one_image_per_sentence():
     attention = {"cross": [softmax(2, 1, 5, 7)], "encoder_self": [], "decoder_self": []}  # the RNN's
     maps = list(attention_maps(attention, 2))
-    assert [(m.b, m.tag, m.title) for m in maps] == [(0, "cross_layer1", "cross-attention, layer 1"),
-                                                     (1, "cross_layer1", "cross-attention, layer 1")]
+    assert [(m.b, m.tag, m.title) for m in maps] == [
+        (0, "cross_layer1", "cross-attention, layer 1"),
+        (1, "cross_layer1", "cross-attention, layer 1"),
+    ]
     assert torch.equal(maps[1].weights, attention["cross"][0][1, 0])  # (T, S)
 
 
@@ -21,8 +24,15 @@ def test_several_heads_give_means_every_head_of_the_last_layer_and_the_encoder()
     cross = [softmax(1, 4, 5, 7), softmax(1, 4, 5, 7)]
     encoder = [softmax(1, 4, 7, 7), softmax(1, 4, 7, 7)]
     maps = list(attention_maps({"cross": cross, "encoder_self": encoder}, 1))
-    assert [m.tag for m in maps] == ["cross_layer1_mean", "cross_layer2_mean", "cross_layer2_head1", "cross_layer2_head2",
-                                     "cross_layer2_head3", "cross_layer2_head4", "encoder_self_layer2_mean"]
+    assert [m.tag for m in maps] == [
+        "cross_layer1_mean",
+        "cross_layer2_mean",
+        "cross_layer2_head1",
+        "cross_layer2_head2",
+        "cross_layer2_head3",
+        "cross_layer2_head4",
+        "encoder_self_layer2_mean",
+    ]
     assert torch.allclose(maps[1].weights, cross[1][0].mean(0))
     assert torch.equal(maps[3].weights, cross[1][0, 1])
     assert maps[-1].kind == "encoder_self" and torch.allclose(maps[-1].weights, encoder[1][0].mean(0))
@@ -37,5 +47,12 @@ def test_null_board_has_the_boards_methods_and_no_others():
 
 
 def test_hparam_values_are_flat_and_of_the_types_tensorboard_takes():
-    values = hparam_values({"model": {"d_model": 256, "norm": "pre"}, "trainer": {"max_steps": None, "betas": [0.9, 0.98]}})
-    assert values == {"model.d_model": 256, "model.norm": "pre", "trainer.max_steps": "null", "trainer.betas": "[0.9, 0.98]"}
+    values = hparam_values(
+        {"model": {"d_model": 256, "norm": "pre"}, "trainer": {"max_steps": None, "betas": [0.9, 0.98]}}
+    )
+    assert values == {
+        "model.d_model": 256,
+        "model.norm": "pre",
+        "trainer.max_steps": "null",
+        "trainer.betas": "[0.9, 0.98]",
+    }

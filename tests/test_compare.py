@@ -10,9 +10,10 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
-from helpers import ROOT, SPLIT, drop_words, load_script, sweep_job, write_curve, write_run
 
 from training.metrics import signatures
+
+from helpers import ROOT, SPLIT, drop_words, load_script, sweep_job, write_curve, write_run
 
 compare_script = load_script("compare")
 

@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import DataError
-
 from data.config import DataConfig, FilePair, HubConfig
 from data.corpus import drop_empty_pairs, eval_split_names, load_corpus, load_folder, read_lines
+from data.errors import DataError
 
 
 def write(path: Path, lines, gz: bool = False) -> Path:
@@ -66,7 +65,11 @@ def test_every_test_split_present_is_an_evaluation_split(tmp_path):
 
 def test_gzip_and_plain_files_read_alike(tmp_path):
     lines = ["Ein Hund läuft.", "Zwei Männer  sprechen. ", "Ça va ?"]
-    assert read_lines(write(tmp_path / "a.de", lines)) == read_lines(write(tmp_path / "a.de.gz", lines, gz=True)) == lines
+    assert (
+        read_lines(write(tmp_path / "a.de", lines))
+        == read_lines(write(tmp_path / "a.de.gz", lines, gz=True))
+        == lines
+    )
 
 
 def test_windows_line_ends_and_a_byte_order_mark_are_not_part_of_the_text(tmp_path):

@@ -1,4 +1,5 @@
 """Data-parallel training under torchrun: two CPU ranks (gloo), a tiny model, the Multi30k slice."""
+
 import os
 import signal
 import subprocess
@@ -14,33 +15,69 @@ STEPS = 6
 
 
 def overrides(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):
-    return tiny_run(run_dir, slice_dir, cache, "model.dropout=0.0", "trainer.schedule=constant", "trainer.warmup_steps=0",
-                    "trainer.lr=0.01", "trainer.log_every=1", f"trainer.max_steps={STEPS}", *extra)
+    return tiny_run(
+        run_dir,
+        slice_dir,
+        cache,
+        "model.dropout=0.0",
+        "trainer.schedule=constant",
+        "trainer.warmup_steps=0",
+        "trainer.lr=0.01",
+        "trainer.log_every=1",
+        f"trainer.max_steps={STEPS}",
+        *extra,
+    )
 
 
 def torchrun(n: int, *args: str):
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(ROOT / "train.py"), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={n}",
+        str(ROOT / "train.py"),
+        *args,
+    ]
 
 
-def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_one_run(multi30k_slice, tmp_path):
+def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_one_run(
+    multi30k_slice, tmp_path
+):
     """2 ranks x 500 tokens against 1 process accumulating 2 x 500 tokens: the same pairs in every
     step (rank r takes batches r, r + 2, ...; accumulation takes 2k, 2k + 1), the same token
     normalisation, so the losses agree up to the order of float additions (the all-reduce sums the
     ranks' gradients where accumulation adds them in turn): relative 1e-4 after 6 Adam steps."""
     cache = tmp_path / "cache"
-    single = subprocess.run([sys.executable, str(ROOT / "train.py"),
-                             *overrides(tmp_path / "single", multi30k_slice, cache, "trainer.batch_tokens=500", "trainer.accumulate=2")],
-                            capture_output=True, text=True, timeout=300)
+    single = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *overrides(
+                tmp_path / "single", multi30k_slice, cache, "trainer.batch_tokens=500", "trainer.accumulate=2"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert single.returncode == 0, single.stderr[-2000:]
     run = tmp_path / "ddp"
-    done = subprocess.run(torchrun(2, *overrides(run, multi30k_slice, cache, "trainer.batch_tokens=500")),
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        torchrun(2, *overrides(run, multi30k_slice, cache, "trainer.batch_tokens=500")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     one = scalars(tmp_path / "single" / "tb", "train/loss")
     two = scalars(run / "tb", "train/loss")
     assert [s for s, _ in two] == [s for s, _ in one] == list(range(1, STEPS + 1))
     assert [v for _, v in two] == pytest.approx([v for _, v in one], rel=1e-4)
-    assert one[-1][1] < one[0][1] - 0.05  # the steps moved the weights: the comparison is not of six initial losses
+    assert (
+        one[-1][1] < one[0][1] - 0.05
+    )  # the steps moved the weights: the comparison is not of six initial losses
     # One run: one results.json, the events of one process (the hparams summary is a second file
     # of that same writer, as in every run), one log; no folder from the other rank.
     events = [p.name for p in (run / "tb").rglob("events.out.tfevents.*")]
@@ -69,12 +106,27 @@ def worker_pids(parent: int):
     return found
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find the worker processes")
+@pytest.mark.skipif(
+    not Path("/proc/self/environ").exists(), reason="needs /proc to find the worker processes"
+)
 def test_a_killed_rank_makes_the_job_fail_instead_of_hanging(multi30k_slice, tmp_path):
     run = tmp_path / "ddp"
-    job = subprocess.Popen(torchrun(2, *overrides(run, multi30k_slice, tmp_path / "cache", "trainer.batch_tokens=500",
-                                                  "trainer.max_steps=100000")),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    job = subprocess.Popen(
+        torchrun(
+            2,
+            *overrides(
+                run,
+                multi30k_slice,
+                tmp_path / "cache",
+                "trainer.batch_tokens=500",
+                "trainer.max_steps=100000",
+            ),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+    )
     seen = []
     for line in job.stdout:
         seen.append(line)
@@ -93,13 +145,33 @@ def test_a_killed_rank_makes_the_job_fail_instead_of_hanging(multi30k_slice, tmp
 def test_a_two_task_submitit_job_trains_as_two_ranks(multi30k_slice, tmp_path):
     """The SLURM path without SLURM: Hydra's submitit launcher, local executor, 2 tasks in one
     job; train.py maps the tasks onto torchrun's variables and trains with DDP (optional plugin)."""
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (optional)")
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (optional)"
+    )
     sweep = tmp_path / "sweep"
-    args = [a for a in overrides(tmp_path / "unused", multi30k_slice, tmp_path / "cache", "trainer.batch_tokens=500")
-            if not a.startswith("hydra.run.dir=")]
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local",
-                           "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=job", *args],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    args = [
+        a
+        for a in overrides(
+            tmp_path / "unused", multi30k_slice, tmp_path / "cache", "trainer.batch_tokens=500"
+        )
+        if not a.startswith("hydra.run.dir=")
+    ]
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.tasks_per_node=2",
+            f"hydra.sweep.dir={sweep}",
+            "hydra.sweep.subdir=job",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     (run,) = [p for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")]
     log_text = (run / "train.log").read_text()

@@ -1,4 +1,5 @@
 """Token embeddings, positions and the output layer (models/embeddings.py)."""
+
 import math
 
 import pytest
@@ -29,7 +30,9 @@ def test_offset_positions_equal_a_slice_of_a_longer_pass(kind):
     x = torch.randn(2, 10, 16)
     full = positions(x)
     for offset in (0, 3, 9):
-        torch.testing.assert_close(positions(x[:, offset:offset + 1], offset=offset), full[:, offset:offset + 1])
+        torch.testing.assert_close(
+            positions(x[:, offset : offset + 1], offset=offset), full[:, offset : offset + 1]
+        )
     torch.testing.assert_close(positions(x[:, 4:], offset=4), full[:, 4:])
 
 

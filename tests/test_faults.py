@@ -1,4 +1,5 @@
 """Faults in real runs (train.py subprocesses, tiny models, the Multi30k slice): signals, exact resume."""
+
 import fcntl
 import os
 import re
@@ -14,8 +15,20 @@ from conftest import ROOT, scalars, tiny_run
 
 
 def command(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):
-    return [sys.executable, str(ROOT / "train.py"), *tiny_run(run_dir, slice_dir, cache, "trainer.batch_tokens=1000",
-            "trainer.log_every=1", "trainer.eval_every=12", "trainer.max_steps=24", *extra)]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        *tiny_run(
+            run_dir,
+            slice_dir,
+            cache,
+            "trainer.batch_tokens=1000",
+            "trainer.log_every=1",
+            "trainer.eval_every=12",
+            "trainer.max_steps=24",
+            *extra,
+        ),
+    ]
 
 
 def losses(run_dir: Path):
@@ -24,10 +37,14 @@ def losses(run_dir: Path):
 
 def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_slice, tmp_path):
     cache = tmp_path / "cache"
-    whole = subprocess.run(command(tmp_path / "whole", multi30k_slice, cache), capture_output=True, text=True, timeout=600)
+    whole = subprocess.run(
+        command(tmp_path / "whole", multi30k_slice, cache), capture_output=True, text=True, timeout=600
+    )
     assert whole.returncode == 0, whole.stderr[-2000:]
     split = tmp_path / "split"
-    process = subprocess.Popen(command(split, multi30k_slice, cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command(split, multi30k_slice, cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     for line in process.stdout:  # stop in the middle of the first epoch, between evaluations
         if " step 7/" in line:
             process.send_signal(signal.SIGTERM)
@@ -35,7 +52,12 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_
     rest = process.communicate(timeout=600)[0]
     assert process.returncode == 75, rest[-2000:]
     assert "resume with: python train.py trainer.resume=auto" in rest
-    resumed = subprocess.run(command(split, multi30k_slice, cache, "trainer.resume=auto"), capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        command(split, multi30k_slice, cache, "trainer.resume=auto"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert losses(split) == losses(tmp_path / "whole") and len(losses(split)) == 24
     a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)["model"]
@@ -53,8 +75,13 @@ def test_sigint_inherited_as_ignored_stays_ignored(multi30k_slice, tmp_path):
     leaves such a signal ignored; SIGTERM still stops it."""
     run = tmp_path / "run"
     ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
-    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.max_steps=10"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
+    process = subprocess.Popen(
+        command(run, multi30k_slice, tmp_path / "cache", "trainer.max_steps=10"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignore,
+    )
     wait_for(process, " step 3/")
     process.send_signal(signal.SIGINT)
     rest = process.communicate(timeout=300)[0]
@@ -70,14 +97,16 @@ def test_a_second_process_training_into_a_run_folder_is_refused(multi30k_slice, 
     holder = os.open(run, os.O_RDONLY)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache"), capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(
+            command(run, multi30k_slice, tmp_path / "cache"), capture_output=True, text=True, timeout=300
+        )
     finally:
         os.close(holder)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         f"error: another process is training in {run} (it holds the folder's lock): wait for it to end, "
-        "or choose another hydra.run.dir"]
+        "or choose another hydra.run.dir"
+    ]
     assert list(run.iterdir()) == []
 
 
@@ -98,8 +127,13 @@ def test_a_second_signal_exits_at_once_and_the_previous_last_pt_survives(multi30
     SIGTERM, the second signal, exits at once with 128 + 15. The last.pt in place when the run was
     frozen is the one left."""
     run = tmp_path / "run"
-    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=3"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
+    process = subprocess.Popen(
+        command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=3"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     wait_for(process, "valid step 3:")
     wait_for(process, " step 5/")
     process.send_signal(signal.SIGSTOP)
@@ -135,7 +169,9 @@ def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
 
     path = tmp_path / "last.pt"
     for attempt in range(6):
-        writer = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        writer = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
         reported = int(writer.stdout.readline())
         time.sleep(0.029 * attempt)  # spread the kills over the save's phases
         writer.kill()
@@ -149,16 +185,33 @@ def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
 
 def test_a_run_killed_with_sigkill_resumes_from_its_last_checkpoint(multi30k_slice, tmp_path):
     run = tmp_path / "run"
-    process = subprocess.Popen(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.max_steps=10"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.max_steps=10"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wait_for(process, "valid step 4:")
     wait_for(process, " step 5/")
     process.kill()
     process.wait(timeout=60)
-    stale = run / "checkpoints" / ".last.pt.k1ll3d.tmp"  # what a kill inside a save leaves (the loop above rarely hits one)
+    stale = (
+        run / "checkpoints" / ".last.pt.k1ll3d.tmp"
+    )  # what a kill inside a save leaves (the loop above rarely hits one)
     stale.write_bytes(b"half a checkpoint")
-    resumed = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=2", "trainer.max_steps=10", "trainer.resume=auto"),
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        command(
+            run,
+            multi30k_slice,
+            tmp_path / "cache",
+            "trainer.eval_every=2",
+            "trainer.max_steps=10",
+            "trainer.resume=auto",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert (run / "results.json").is_file()
@@ -171,15 +224,30 @@ def test_non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run(multi30
     later loss is non-finite; the updates are skipped, and the third in a row stops the run with
     last.pt at step 1. (A merely huge lr is not enough: tanh saturates and the loss stays finite.)"""
     run = tmp_path / "run"
-    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.lr=3e38", "trainer.betas=[0.0,0.999]",
-                                  "trainer.schedule=constant", "trainer.warmup_steps=0", "trainer.clip_grad_norm=null",
-                                  "trainer.max_bad_steps=3"),
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command(
+            run,
+            multi30k_slice,
+            tmp_path / "cache",
+            "trainer.lr=3e38",
+            "trainer.betas=[0.0,0.999]",
+            "trainer.schedule=constant",
+            "trainer.warmup_steps=0",
+            "trainer.clip_grad_norm=null",
+            "trainer.max_bad_steps=3",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     log_text = (run / "train.log").read_text()
     for n in (1, 2, 3):
         assert f"on epoch 1 batch {n + 1}: update skipped ({n} in a row, {n} in all)" in log_text
-    assert "error: 3 steps in a row with a non-finite loss or gradient (trainer.max_bad_steps), the last on epoch 1 batch 4" in done.stderr
+    assert (
+        "error: 3 steps in a row with a non-finite loss or gradient (trainer.max_bad_steps), the last on epoch 1 batch 4"
+        in done.stderr
+    )
     payload = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert payload["progress"]["step"] == 1 and payload["progress"]["skipped_steps"] == 3
     assert all(torch.isfinite(t).all() for t in payload["model"].values())
@@ -190,24 +258,59 @@ def test_non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run(multi30
     # next epoch (it used to find no batch left and loop for ever), and stops there again.
     per_epoch = int(re.search(r"train batches: (\d+) per epoch", log_text).group(1))
     edge = tmp_path / "edge"
-    blow_up = ["trainer.lr=3e38", "trainer.betas=[0.0,0.999]", "trainer.schedule=constant", "trainer.warmup_steps=0",
-               "trainer.clip_grad_norm=null"]
-    done = subprocess.run(command(edge, multi30k_slice, tmp_path / "cache", *blow_up, f"trainer.max_bad_steps={per_epoch - 1}"),
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 1 and f"the last on epoch 1 batch {per_epoch};" in done.stderr, done.stderr[-2000:]
+    blow_up = [
+        "trainer.lr=3e38",
+        "trainer.betas=[0.0,0.999]",
+        "trainer.schedule=constant",
+        "trainer.warmup_steps=0",
+        "trainer.clip_grad_norm=null",
+    ]
+    done = subprocess.run(
+        command(edge, multi30k_slice, tmp_path / "cache", *blow_up, f"trainer.max_bad_steps={per_epoch - 1}"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1 and f"the last on epoch 1 batch {per_epoch};" in done.stderr, done.stderr[
+        -2000:
+    ]
     progress = torch.load(edge / "checkpoints" / "last.pt", weights_only=True)["progress"]
     assert (progress["epoch"], progress["batches_done"], progress["step"]) == (1, 0, 1)
-    again = subprocess.run(command(edge, multi30k_slice, tmp_path / "cache", *blow_up, "trainer.max_bad_steps=2", "trainer.resume=auto"),
-                           capture_output=True, text=True, timeout=120)
+    again = subprocess.run(
+        command(
+            edge,
+            multi30k_slice,
+            tmp_path / "cache",
+            *blow_up,
+            "trainer.max_bad_steps=2",
+            "trainer.resume=auto",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 1 and "the last on epoch 2 batch 2;" in again.stderr, again.stderr[-2000:]
 
 
 def test_keep_last_keeps_the_newest_evaluations_checkpoints(multi30k_slice, tmp_path):
     run = tmp_path / "run"
-    done = subprocess.run(command(run, multi30k_slice, tmp_path / "cache", "trainer.eval_every=3", "trainer.max_steps=12",
-                                  "trainer.keep_last=2"), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command(
+            run,
+            multi30k_slice,
+            tmp_path / "cache",
+            "trainer.eval_every=3",
+            "trainer.max_steps=12",
+            "trainer.keep_last=2",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     kept = sorted(p.name for p in (run / "checkpoints").glob("step_*.pt"))
     assert kept == ["step_0000009.pt", "step_0000012.pt"]
     assert torch.load(run / "checkpoints" / "step_0000009.pt", weights_only=True)["progress"]["step"] == 9
-    assert (run / "checkpoints" / "step_0000012.pt").read_bytes() == (run / "checkpoints" / "last.pt").read_bytes()
+    assert (run / "checkpoints" / "step_0000012.pt").read_bytes() == (
+        run / "checkpoints" / "last.pt"
+    ).read_bytes()

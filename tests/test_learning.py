@@ -5,6 +5,7 @@ on them with greedy decoding, while a model that learnt nothing scores near 0 an
 learnt only frequent words or the length scores under 30: so 80 separates "the loss, the
 gradients, the attention and decoding all work together" from "something is broken".
 """
+
 import pytest
 
 from data.corpus import TRAIN
@@ -22,6 +23,8 @@ def test_model_family_fits_a_slice_of_multi30k(family, trained_slice_models):
     references = trainer.data.tokenizer.decode_tgt(train.tgt)  # the (normalised) training targets
     hypotheses = translate_split(trainer.model, train, trainer.data.tokenizer, 4000, trainer.device)
     bleu = corpus_scores(hypotheses, references)["bleu"]
-    print(f"{family}: {trainer.progress.step} steps, {seconds:.0f} s, BLEU {bleu:.1f} on {len(train)} training pairs")
+    print(
+        f"{family}: {trainer.progress.step} steps, {seconds:.0f} s, BLEU {bleu:.1f} on {len(train)} training pairs"
+    )
     assert trainer.progress.step == 300
     assert bleu > 80.0, f"{family} reached only {bleu:.1f} BLEU on its own training pairs"

@@ -1,4 +1,5 @@
 """Label-smoothed cross-entropy (training/loss.py) against PyTorch's cross_entropy."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -46,10 +47,14 @@ def test_smoothing_is_pytorch_label_smoothing(smoothing):
     logits, target = example()
     loss, nll, _ = label_smoothed_nll(logits, target, PAD_ID, smoothing)
     flat_logits, flat_target = logits.view(-1, V), target.view(-1)
-    expected = F.cross_entropy(flat_logits, flat_target, ignore_index=PAD_ID, reduction="sum", label_smoothing=smoothing)
+    expected = F.cross_entropy(
+        flat_logits, flat_target, ignore_index=PAD_ID, reduction="sum", label_smoothing=smoothing
+    )
     torch.testing.assert_close(loss, expected)
     # The NLL stays the unsmoothed one (for perplexity).
-    torch.testing.assert_close(nll, F.cross_entropy(flat_logits, flat_target, ignore_index=PAD_ID, reduction="sum"))
+    torch.testing.assert_close(
+        nll, F.cross_entropy(flat_logits, flat_target, ignore_index=PAD_ID, reduction="sum")
+    )
 
 
 def test_token_count():

@@ -1,4 +1,5 @@
 """Corpus BLEU and chrF (training/metrics.py) with sacrebleu."""
+
 import pytest
 
 from training.metrics import corpus_scores, signatures
@@ -27,7 +28,9 @@ def test_known_pair_by_hand():
 
 def test_scores_detokenized_text_with_its_own_tokenizer():
     """A detached full stop (tokenized text) is the same to BLEU's 13a tokenizer; case is not ignored."""
-    assert corpus_scores(["The cat sat on the mat ."], ["The cat sat on the mat."])["bleu"] == pytest.approx(100.0)
+    assert corpus_scores(["The cat sat on the mat ."], ["The cat sat on the mat."])["bleu"] == pytest.approx(
+        100.0
+    )
     assert corpus_scores(["the cat sat on the mat."], ["The cat sat on the mat."])["bleu"] < 100.0
 
 

@@ -1,8 +1,6 @@
 from pathlib import Path
 
 import pytest
-
-from data.errors import DataError
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -10,6 +8,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from data.batching import TokenBucketSampler
 from data.config import data_config
 from data.corpus import load_folder
+from data.errors import DataError
 from data.pipeline import batch_stats, format_stats, prepare_data
 from data.tokenizer import normalize
 from training.config import register_configs
@@ -67,7 +66,12 @@ def compose_data(overrides):
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
 def test_every_data_config_composes_and_matches_the_schema(option):
-    extra = ["data.files.train.src=a", "data.files.train.tgt=b", "data.files.val.src=c", "data.files.val.tgt=d"]
+    extra = [
+        "data.files.train.src=a",
+        "data.files.train.tgt=b",
+        "data.files.val.src=c",
+        "data.files.val.tgt=d",
+    ]
     cfg = data_config(compose_data([f"data={option}"] + (extra if option == "files" else [])).data)
     assert cfg.name == option and cfg.vocab_size > 0
     assert cfg.hub is not None or cfg.files is not None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 import pytest
+
 from helpers import ROOT, SPLIT, drop_words, write_run
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")

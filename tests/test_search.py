@@ -3,6 +3,7 @@
 Most tests decode with small randomly initialised models; ``Biased`` wraps a real model and adds a
 bias to its logits, to make chosen tokens likely or certain.
 """
+
 import itertools
 from typing import Optional
 
@@ -18,7 +19,9 @@ from models.search import beam_search, greedy_search, output_limits, search
 V = 40
 
 FAMILIES = {
-    "transformer": lambda: TransformerConfig(d_model=32, n_heads=4, ff_size=64, encoder_layers=2, decoder_layers=2),
+    "transformer": lambda: TransformerConfig(
+        d_model=32, n_heads=4, ff_size=64, encoder_layers=2, decoder_layers=2
+    ),
     "rnn": lambda: RNNConfig(embed_dim=24, hidden_size=32, attention_size=16),
 }
 
@@ -84,7 +87,9 @@ def test_beam_of_one_is_greedy(family, eos_ramp):
 def test_nbest_is_sorted_by_score(family, alpha):
     model = tiny(family)
     src, src_mask = sources()
-    for hyps in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=5, alpha=alpha, nbest=5, max_len=10):
+    for hyps in beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, beam_size=5, alpha=alpha, nbest=5, max_len=10
+    ):
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
         assert scores == sorted(scores, reverse=True)
@@ -110,7 +115,9 @@ def best_score_by_enumeration(model, src, src_mask, vocab, max_len=3):
     prefixes = torch.tensor(list(itertools.product(outputs, repeat=max_len - 1)))  # (P, max_len - 1)
     steps = torch.cat([torch.full((len(prefixes), 1), BOS_ID), prefixes], dim=1)  # (P, max_len)
     with torch.no_grad():
-        state = model.start_state(model.encode(src.expand(len(prefixes), -1), src_mask.expand(len(prefixes), -1)))
+        state = model.start_state(
+            model.encode(src.expand(len(prefixes), -1), src_mask.expand(len(prefixes), -1))
+        )
         log_probs = []
         for t in range(max_len):
             logits, state, _ = model.decode_step(steps[:, t], state)
@@ -137,7 +144,9 @@ def test_an_exhaustive_beam_finds_the_best_output(family):
     vocab, max_len = 6, 3
     model = tiny(family, vocab=vocab)
     src, src_mask = sources(vocab)
-    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=vocab ** (max_len - 1), alpha=0.0, max_len=max_len)
+    beam = beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, beam_size=vocab ** (max_len - 1), alpha=0.0, max_len=max_len
+    )
     greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=max_len)
     for row in range(src.size(0)):
         best = best_score_by_enumeration(model, src[row : row + 1], src_mask[row : row + 1], vocab, max_len)
@@ -154,7 +163,10 @@ def test_padded_batch_decodes_like_single_sentences(family):
     for row, length in enumerate(src_mask.sum(1).tolist()):
         one, one_mask = src[row : row + 1, :length], src_mask[row : row + 1, :length]
         assert greedy_search(model, one, one_mask, BOS_ID, EOS_ID, max_len=8)[0].tokens == greedy[row].tokens
-        assert beam_search(model, one, one_mask, BOS_ID, EOS_ID, beam_size=3, max_len=8)[0][0].tokens == beam[row][0].tokens
+        assert (
+            beam_search(model, one, one_mask, BOS_ID, EOS_ID, beam_size=3, max_len=8)[0][0].tokens
+            == beam[row][0].tokens
+        )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -174,7 +186,9 @@ def test_outputs_never_hold_bos_or_pad():
     model = Biased(tiny("rnn"), favour(BOS_ID, amount=5.0) + favour(PAD_ID, amount=5.0))
     src, src_mask = sources()
     hypotheses = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=6)
-    hypotheses += [hyps[0] for hyps in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, max_len=6)]
+    hypotheses += [
+        hyps[0] for hyps in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, max_len=6)
+    ]
     for h in hypotheses:
         assert BOS_ID not in h.tokens and PAD_ID not in h.tokens
 
@@ -202,7 +216,9 @@ def test_each_sentence_stops_at_its_own_limit(family):
     src, src_mask = sources()
     expected = [int(0.5 * n) + 2 for n in (7, 5, 3, 1)]
     greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len_ratio=0.5, max_len_extra=2)
-    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=2, max_len_ratio=0.5, max_len_extra=2)
+    beams = beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=2, max_len_ratio=0.5, max_len_extra=2
+    )
     assert [len(h.tokens) for h in greedy] == expected
     assert [[len(h.tokens) for h in hyps] for hyps in beams] == [[n, n] for n in expected]
     assert not any(h.finished for h in greedy)
@@ -274,8 +290,12 @@ def test_alignments(family):
     src, src_mask = sources()
     max_len = 6
     greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=max_len, need_weights=True)
-    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=3, max_len=max_len, need_weights=True)
-    rows = [(row, h) for row, h in enumerate(greedy)] + [(row, h) for row, hyps in enumerate(beams) for h in hyps]
+    beams = beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=3, max_len=max_len, need_weights=True
+    )
+    rows = [(row, h) for row, h in enumerate(greedy)] + [
+        (row, h) for row, hyps in enumerate(beams) for h in hyps
+    ]
     for row, h in rows:
         finished = len(h.tokens) < max_len
         assert h.alignment.shape == (len(h.tokens) + int(finished), src.size(1))
@@ -287,7 +307,10 @@ def test_no_alignments_unless_asked():
     model = tiny("rnn")
     src, src_mask = sources()
     assert all(h.alignment is None for h in greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=5))
-    assert all(h[0].alignment is None for h in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, max_len=5))
+    assert all(
+        h[0].alignment is None
+        for h in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, max_len=5)
+    )
 
 
 def test_nbest_larger_than_the_beam_is_refused():
@@ -337,7 +360,11 @@ def test_beam_finds_what_greedy_misses_on_a_hand_built_model():
     src_mask = src != PAD_ID
     greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=5)[0]
     beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, alpha=0.0, nbest=2, max_len=5)[0]
-    assert greedy.tokens == [4] and greedy.score == pytest.approx(float(torch.tensor(0.6 * 0.4).log()), abs=1e-4)
-    assert beam[0].tokens == [5] and beam[0].score == pytest.approx(float(torch.tensor(0.4 * 0.9).log()), abs=1e-4)
+    assert greedy.tokens == [4] and greedy.score == pytest.approx(
+        float(torch.tensor(0.6 * 0.4).log()), abs=1e-4
+    )
+    assert beam[0].tokens == [5] and beam[0].score == pytest.approx(
+        float(torch.tensor(0.4 * 0.9).log()), abs=1e-4
+    )
     assert beam[1].tokens == [4] and beam[1].score == pytest.approx(greedy.score, abs=1e-4)
     assert beam[0].finished and beam[1].finished

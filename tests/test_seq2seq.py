@@ -1,5 +1,6 @@
 """The encoder-decoder contract (models/seq2seq.py), checked on both families (models/rnn.py,
 models/transformer.py): incremental decoding, causality, masks, attention weights, ties, gradients."""
+
 from typing import Callable, Dict, NamedTuple
 
 import pytest

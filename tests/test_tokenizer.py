@@ -2,9 +2,8 @@ import logging
 
 import pytest
 
-from data.errors import DataError
-
 from data.corpus import load_folder
+from data.errors import DataError
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, normalize
 
 
@@ -52,7 +51,9 @@ def test_special_ids_decode_to_nothing(tokenizer):
 
 
 def test_second_build_with_same_data_reuses_the_cached_model(corpus, cache, tokenizer, caplog):
-    (model_file,) = [path for path in cache.glob("spm/*/joint.model") if path.read_bytes() == tokenizer.src_model]
+    (model_file,) = [
+        path for path in cache.glob("spm/*/joint.model") if path.read_bytes() == tokenizer.src_model
+    ]
     mtime = model_file.stat().st_mtime_ns
     with caplog.at_level(logging.INFO, logger="data.tokenizer"):
         again = build_tokenizer(corpus["train"][:4000], 2000, True, "unigram", str(cache))
@@ -83,7 +84,9 @@ def test_state_dict_rebuilds_the_same_tokenizer(tokenizer):
 
 def test_vocabulary_too_large_for_the_data_is_a_clear_error(tmp_path):
     pairs = [("ein Hund", "a dog"), ("zwei Katzen", "two cats")] * 10
-    with pytest.raises(DataError, match=r"data.vocab_size=5000 does not fit .*too high.*lower data.vocab_size$"):
+    with pytest.raises(
+        DataError, match=r"data.vocab_size=5000 does not fit .*too high.*lower data.vocab_size$"
+    ):
         build_tokenizer(pairs, 5000, True, "unigram", str(tmp_path))
     with pytest.raises(DataError, match=r"data.vocab_size=100 does not fit .*raise data.vocab_size$"):
         build_tokenizer(pairs, 100, True, "unigram", str(tmp_path))

@@ -1,4 +1,5 @@
 """End to end: a few steps of ``train(cfg)`` on a real Multi30k slice, composed like ``train.py``."""
+
 import json
 import socket
 import subprocess
@@ -14,14 +15,28 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from training.trainer import train
 
-TINY_TRANSFORMER = ["model.d_model=64", "model.n_heads=4", "model.ff_size=128", "model.encoder_layers=2", "model.decoder_layers=2"]
+TINY_TRANSFORMER = [
+    "model.d_model=64",
+    "model.n_heads=4",
+    "model.ff_size=128",
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+]
 
 
 def run_overrides(slice_dir: Path, cache: Path, *extra: str):
     return [
-        f"data.root={slice_dir}", f"data.cache_dir={cache}", "data.vocab_size=500",
-        "trainer.max_steps=4", "trainer.eval_every=2", "trainer.batch_tokens=1500", "trainer.log_every=1",
-        "trainer.warmup_steps=2", "trainer.beam_size=3", "trainer.attention_samples=2", *extra,
+        f"data.root={slice_dir}",
+        f"data.cache_dir={cache}",
+        "data.vocab_size=500",
+        "trainer.max_steps=4",
+        "trainer.eval_every=2",
+        "trainer.batch_tokens=1500",
+        "trainer.log_every=1",
+        "trainer.warmup_steps=2",
+        "trainer.beam_size=3",
+        "trainer.attention_samples=2",
+        *extra,
     ]
 
 
@@ -43,7 +58,17 @@ def test_run_folder_holds_checkpoints_results_and_hypotheses(transformer_run, mu
     assert (out / "checkpoints" / "best.pt").is_file() and (out / "checkpoints" / "last.pt").is_file()
     saved = json.loads((out / "results.json").read_text())
     assert saved == json.loads(json.dumps(results))
-    for key in ("model", "params", "steps", "epochs", "train_seconds", "train_tokens_per_second", "valid", "test", "sacrebleu"):
+    for key in (
+        "model",
+        "params",
+        "steps",
+        "epochs",
+        "train_seconds",
+        "train_tokens_per_second",
+        "valid",
+        "test",
+        "sacrebleu",
+    ):
         assert key in saved, key
     assert saved["model"] == "transformer" and saved["steps"] == 4 and saved["params"] > 0
     assert set(saved["valid"]) >= {"loss", "bleu", "chrf"}
@@ -73,13 +98,26 @@ def test_tensorboard_events_hold_every_scalar_image_and_text_tag(transformer_run
     out, _ = transformer_run
     tags = scalar_and_image_tags(out / "tb")
     scalars = set(tags["scalars"])
-    for tag in ("train/loss", "train/lr", "train/tokens_per_second", "train/grad_norm",
-                "valid/loss", "valid/ppl", "valid/bleu", "valid/chrf"):
+    for tag in (
+        "train/loss",
+        "train/lr",
+        "train/tokens_per_second",
+        "train/grad_norm",
+        "valid/loss",
+        "valid/ppl",
+        "valid/bleu",
+        "valid/chrf",
+    ):
         assert tag in scalars, tag
     images = set(tags["images"])
     for sent in ("sent0", "sent1"):
-        for suffix in ("cross_layer1_mean", "cross_layer2_mean", "cross_layer2_head1", "cross_layer2_head4",
-                       "encoder_self_layer2_mean"):
+        for suffix in (
+            "cross_layer1_mean",
+            "cross_layer2_mean",
+            "cross_layer2_head1",
+            "cross_layer2_head4",
+            "encoder_self_layer2_mean",
+        ):
             assert f"attention/{sent}/{suffix}" in images, (sent, suffix)
     assert all(tag.startswith("attention/") for tag in images)
     texts = {tag for tag in tags["tensors"] if tag.startswith("samples/")}
@@ -87,12 +125,21 @@ def test_tensorboard_events_hold_every_scalar_image_and_text_tag(transformer_run
     hparams = EventAccumulator(str(out / "tb"), size_guidance={"tensors": 0})
     hparams.Reload()
     plugin_data = hparams.summary_metadata if hasattr(hparams, "summary_metadata") else {}
-    assert "_hparams_/session_start_info" in hparams.Tags()["tensors"] or any("hparams" in t for t in plugin_data)
+    assert "_hparams_/session_start_info" in hparams.Tags()["tensors"] or any(
+        "hparams" in t for t in plugin_data
+    )
 
 
 def test_rnn_run_draws_its_additive_attention(multi30k_slice, compose_config, tmp_path):
-    overrides = run_overrides(multi30k_slice, tmp_path / "cache", "model=rnn", "model.embed_dim=32",
-                              "model.hidden_size=32", "model.attention_size=32", "trainer.max_steps=2")
+    overrides = run_overrides(
+        multi30k_slice,
+        tmp_path / "cache",
+        "model=rnn",
+        "model.embed_dim=32",
+        "model.hidden_size=32",
+        "model.attention_size=32",
+        "trainer.max_steps=2",
+    )
     results = train(compose_config(overrides), tmp_path / "run")
     assert results["model"] == "rnn" and results["steps"] == 2
     images = set(scalar_and_image_tags(tmp_path / "run" / "tb")["images"])
@@ -116,7 +163,8 @@ def test_tensorboard_server_serves_the_attention_images(transformer_run):
     exe = Path(sys.executable).parent / "tensorboard"
     server = subprocess.Popen(
         [str(exe), "--logdir", str(out / "tb"), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}/data/plugin/images"
     try:
@@ -146,7 +194,11 @@ def test_tensorboard_server_serves_the_attention_images(transformer_run):
 
 def test_tb_images_exports_the_png_tensorboard_shows(transformer_run, tmp_path):
     out, _ = transformer_run
-    script = [sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "tb_images.py"), str(out / "tb")]
+    script = [
+        sys.executable,
+        str(Path(__file__).resolve().parent.parent / "scripts" / "tb_images.py"),
+        str(out / "tb"),
+    ]
     listing = subprocess.run(script + ["--list"], capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0 and "attention/sent0/cross_layer1_mean 2 4" in listing.stdout
     tag = "attention/sent0/cross_layer1_mean"
@@ -154,10 +206,17 @@ def test_tb_images_exports_the_png_tensorboard_shows(transformer_run, tmp_path):
     events.Reload()
     for step, extra in ((4, []), (2, ["--step", "2"])):
         png = tmp_path / f"{step}.png"
-        done = subprocess.run(script + ["--tag", tag, "--out", str(png), *extra], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            script + ["--tag", tag, "--out", str(png), *extra], capture_output=True, text=True, timeout=120
+        )
         assert done.returncode == 0, done.stderr
         expected = next(image for image in events.Images(tag) if image.step == step).encoded_image_string
         assert png.read_bytes() == expected and expected[:8] == b"\x89PNG\r\n\x1a\n"
-    missing = subprocess.run(script + ["--tag", "attention/nope", "--out", str(tmp_path / "x.png")], capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        script + ["--tag", "attention/nope", "--out", str(tmp_path / "x.png")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 1 and missing.stderr.startswith("error: no image tag 'attention/nope'")
     assert not (tmp_path / "x.png").exists()

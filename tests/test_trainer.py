@@ -1,20 +1,35 @@
 """The training loop's own behaviour: seeding, schedule wiring, accumulation, resume, limits."""
+
 import pytest
 import torch
 
 from data.corpus import TRAIN
 from training.checkpoint import load_checkpoint
-from conftest import scalars
 from training.trainer import Trainer
 
-TINY = ["model.d_model=32", "model.n_heads=2", "model.ff_size=64", "model.encoder_layers=1", "model.decoder_layers=1"]
+from conftest import scalars
+
+TINY = [
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.ff_size=64",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+]
 
 
 def make_trainer(multi30k_slice, compose_config, tmp_path, *extra) -> Trainer:
     overrides = [
-        f"data.root={multi30k_slice}", f"data.cache_dir={tmp_path.parent / 'cache'}", "data.vocab_size=500",
-        "trainer.batch_tokens=1200", "trainer.warmup_steps=3", "trainer.log_every=1", "trainer.eval_every=1000000",
-        "trainer.attention_samples=0", *TINY, *extra,
+        f"data.root={multi30k_slice}",
+        f"data.cache_dir={tmp_path.parent / 'cache'}",
+        "data.vocab_size=500",
+        "trainer.batch_tokens=1200",
+        "trainer.warmup_steps=3",
+        "trainer.log_every=1",
+        "trainer.eval_every=1000000",
+        "trainer.attention_samples=0",
+        *TINY,
+        *extra,
     ]
     return Trainer(compose_config(overrides), tmp_path)
 
@@ -36,21 +51,33 @@ def test_same_seed_gives_the_same_losses_and_another_seed_does_not(multi30k_slic
 
 
 def test_learning_rate_follows_the_schedule(multi30k_slice, compose_config, tmp_path):
-    trainer = make_trainer(multi30k_slice, compose_config, tmp_path, "trainer.lr=1e-3", "trainer.schedule=inverse_sqrt")
+    trainer = make_trainer(
+        multi30k_slice, compose_config, tmp_path, "trainer.lr=1e-3", "trainer.schedule=inverse_sqrt"
+    )
     steps = losses(trainer, 1)
     assert len(steps) == 1
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 / 3)  # warm-up step 1 of 3
 
 
-def test_max_steps_stops_inside_an_epoch_and_leaves_a_resumable_checkpoint(multi30k_slice, compose_config, tmp_path):
-    trainer = make_trainer(multi30k_slice, compose_config, tmp_path, "trainer.max_steps=3", "trainer.eval_every=3")
+def test_max_steps_stops_inside_an_epoch_and_leaves_a_resumable_checkpoint(
+    multi30k_slice, compose_config, tmp_path
+):
+    trainer = make_trainer(
+        multi30k_slice, compose_config, tmp_path, "trainer.max_steps=3", "trainer.eval_every=3"
+    )
     reason = trainer.fit()
     trainer.close()
     assert "max_steps" in reason and trainer.progress.step == 3 and trainer.progress.batches_done == 3
     payload = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
     assert payload["progress"]["step"] == 3
-    resumed = make_trainer(multi30k_slice, compose_config, tmp_path, "trainer.max_steps=5", "trainer.eval_every=3",
-                           f"trainer.resume={tmp_path / 'checkpoints' / 'last.pt'}")
+    resumed = make_trainer(
+        multi30k_slice,
+        compose_config,
+        tmp_path,
+        "trainer.max_steps=5",
+        "trainer.eval_every=3",
+        f"trainer.resume={tmp_path / 'checkpoints' / 'last.pt'}",
+    )
     resumed.resume()
     assert resumed.progress.step == 3 and resumed.progress.batches_done == 3
     for name, tensor in trainer.model.state_dict().items():
@@ -59,7 +86,9 @@ def test_max_steps_stops_inside_an_epoch_and_leaves_a_resumable_checkpoint(multi
 
 def test_accumulation_normalises_by_all_target_tokens(multi30k_slice, compose_config, tmp_path):
     """Two batches in one step give the loss and gradient of the two as one batch."""
-    one = make_trainer(multi30k_slice, compose_config, tmp_path / "one", "model.dropout=0.0", "trainer.accumulate=2")
+    one = make_trainer(
+        multi30k_slice, compose_config, tmp_path / "one", "model.dropout=0.0", "trainer.accumulate=2"
+    )
     train = one.data.datasets[TRAIN]
     from data.batching import collate
 
@@ -99,7 +128,9 @@ def test_a_non_finite_step_changes_nothing_and_training_goes_on(multi30k_slice, 
 
 def test_a_run_shorter_than_log_every_logs_its_last_step(multi30k_slice, compose_config, tmp_path):
     """The steps since the last log line are logged when the run stops (here: all three)."""
-    trainer = make_trainer(multi30k_slice, compose_config, tmp_path, "trainer.max_steps=3", "trainer.log_every=50")
+    trainer = make_trainer(
+        multi30k_slice, compose_config, tmp_path, "trainer.max_steps=3", "trainer.log_every=50"
+    )
     trainer.fit(evaluate_last=False)
     trainer.close()
     assert [step for step, _ in scalars(tmp_path / "tb", "train/loss")] == [3]

@@ -4,6 +4,7 @@ The models of ``trained_slice_models`` (conftest.py) have memorised 200 Multi30k
 so translating those sources must give back their references: a check of the whole path
 (checkpoint -> tokenizer -> batched search -> detokenized text in the input order).
 """
+
 import logging
 import os
 import random
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
-from conftest import LEARNING_PAIRS, ROOT
 
 from data.specials import EOS_ID
 from data.tokenizer import normalize
@@ -24,12 +24,20 @@ from models.search import MAX_LEN_EXTRA, MAX_LEN_RATIO
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from training.translator import Translator
 
+from conftest import LEARNING_PAIRS, ROOT
+
 FAMILIES = ["rnn", "transformer"]
 
 
 def translate(*args, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "translate.py", *map(str, args)], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "translate.py", *map(str, args)],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +62,9 @@ def test_translates_memorised_pairs_in_input_order(family, beam, trained_slice_m
     chosen = shuffled_by_length(pairs)
     source = tmp_path / "in.de"
     source.write_text("".join(src + "\n" for src, _ in chosen), encoding="utf-8")
-    done = translate("--checkpoint", checkpoint, "--input", source, "--beam", beam, "--batch-size", 5, "--device", "cpu")
+    done = translate(
+        "--checkpoint", checkpoint, "--input", source, "--beam", beam, "--batch-size", 5, "--device", "cpu"
+    )
     assert done.returncode == 0, done.stderr
     hyps = done.stdout.splitlines()
     assert len(hyps) == len(chosen)
@@ -92,7 +102,9 @@ def test_nbest_lists_are_sorted_and_indexed(trained_slice_models, pairs):
         assert scores == sorted(scores, reverse=True) and all(s <= 0 for s in scores)
         assert len(set(texts)) == 3  # three different hypotheses
     best = translate("--checkpoint", checkpoint, "--beam", 4, stdin="\n".join(sources) + "\n")
-    assert best.stdout.splitlines() == [rows[i][1] for i in (0, 3, 6)]  # the first of each list is the translation
+    assert best.stdout.splitlines() == [
+        rows[i][1] for i in (0, 3, 6)
+    ]  # the first of each list is the translation
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -187,7 +199,9 @@ def test_help_shows_the_search_length_defaults():
 def test_plots_one_png_per_sentence(trained_slice_models, pairs, tmp_path):
     _, checkpoint, _ = trained_slice_models["transformer"]
     sources = [pairs[0][0], "", pairs[1][0]]
-    done = translate("--checkpoint", checkpoint, "--plot", tmp_path / "plots", stdin="\n".join(sources) + "\n")
+    done = translate(
+        "--checkpoint", checkpoint, "--plot", tmp_path / "plots", stdin="\n".join(sources) + "\n"
+    )
     assert done.returncode == 0, done.stderr
     pngs = sorted(p.name for p in (tmp_path / "plots").iterdir())
     assert pngs == ["0000.png", "0002.png"]  # none for the empty line
@@ -212,8 +226,17 @@ def test_output_file_is_replaced_only_when_the_run_succeeds(trained_slice_models
 def test_too_long_input_is_truncated_with_a_warning(trained_slice_models, pairs):
     _, checkpoint, _ = trained_slice_models["transformer"]  # max_positions 1024
     long_line = " ".join([pairs[0][0]] * 150)  # thousands of subword tokens
-    done = translate("--checkpoint", checkpoint, "--beam", 2, "--max-len-ratio", 0, "--max-len-extra", 8,
-                     stdin=f"\n{pairs[1][0]}\n{long_line}\n")
+    done = translate(
+        "--checkpoint",
+        checkpoint,
+        "--beam",
+        2,
+        "--max-len-ratio",
+        0,
+        "--max-len-extra",
+        8,
+        stdin=f"\n{pairs[1][0]}\n{long_line}\n",
+    )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 3
     expected = r"warning: line 3: \d+ subword tokens, more than the model takes \(1023\); translating the first 1023\n"
@@ -285,17 +308,20 @@ def test_a_checkpoint_carrying_code_is_refused_and_nothing_runs(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("options, expected", [
-    (["--beam", "0", "Ein Mann."], "--beam 0"),
-    (["--beam", "4", "--nbest", "5", "Ein Mann."], "--nbest 5: must be between 1 and the beam size (4)"),
-    (["--batch-size", "0", "Ein Mann."], "--batch-size 0"),
-    (["--alpha", "-1", "Ein Mann."], "--alpha -1.0"),
-    (["--max-len-ratio", "-1", "Ein Mann."], "--max-len-ratio -1.0"),
-    (["--beam", "five", "Ein Mann."], "invalid int value: 'five'"),
-    (["--frobnicate", "Ein Mann."], "unrecognized arguments: --frobnicate"),
-    (["--input", "no_such_file.de"], "input file no_such_file.de does not exist"),
-    (["--input", "README.md", "Ein Mann."], "not both"),
-])
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (["--beam", "0", "Ein Mann."], "--beam 0"),
+        (["--beam", "4", "--nbest", "5", "Ein Mann."], "--nbest 5: must be between 1 and the beam size (4)"),
+        (["--batch-size", "0", "Ein Mann."], "--batch-size 0"),
+        (["--alpha", "-1", "Ein Mann."], "--alpha -1.0"),
+        (["--max-len-ratio", "-1", "Ein Mann."], "--max-len-ratio -1.0"),
+        (["--beam", "five", "Ein Mann."], "invalid int value: 'five'"),
+        (["--frobnicate", "Ein Mann."], "unrecognized arguments: --frobnicate"),
+        (["--input", "no_such_file.de"], "input file no_such_file.de does not exist"),
+        (["--input", "README.md", "Ein Mann."], "not both"),
+    ],
+)
 def test_bad_options_give_one_error_line(options, expected, trained_slice_models):
     _, checkpoint, _ = trained_slice_models["rnn"]
     assert_one_error_line(translate("--checkpoint", checkpoint, *options), expected)
@@ -303,21 +329,33 @@ def test_bad_options_give_one_error_line(options, expected, trained_slice_models
 
 def test_bad_device_and_unwritable_output(trained_slice_models, tmp_path):
     _, checkpoint, _ = trained_slice_models["rnn"]
-    assert_one_error_line(translate("--checkpoint", checkpoint, "--device", "tpu", "Ein Mann."), "not a torch device")
+    assert_one_error_line(
+        translate("--checkpoint", checkpoint, "--device", "tpu", "Ein Mann."), "not a torch device"
+    )
     if not torch.cuda.is_available():
-        assert_one_error_line(translate("--checkpoint", checkpoint, "--device", "cuda", "Ein Mann."), "no CUDA device")
+        assert_one_error_line(
+            translate("--checkpoint", checkpoint, "--device", "cuda", "Ein Mann."), "no CUDA device"
+        )
     missing_folder = tmp_path / "no" / "such" / "out.en"
-    assert_one_error_line(translate("--checkpoint", checkpoint, "--output", missing_folder, "Ein Mann."), "cannot write --output")
+    assert_one_error_line(
+        translate("--checkpoint", checkpoint, "--output", missing_folder, "Ein Mann."),
+        "cannot write --output",
+    )
 
 
 def test_output_into_a_read_only_folder(trained_slice_models, read_only_folder):
     _, checkpoint, _ = trained_slice_models["rnn"]
-    assert_one_error_line(translate("--checkpoint", checkpoint, "--output", read_only_folder / "out.en", "Ein Mann."), "cannot write --output")
+    assert_one_error_line(
+        translate("--checkpoint", checkpoint, "--output", read_only_folder / "out.en", "Ein Mann."),
+        "cannot write --output",
+    )
 
 
 def test_command_line_errors_come_before_heavy_imports():
-    code = ("import sys, translate; rc = translate.main(['--checkpoint', 'missing.pt', 'x']); "
-            "print(rc, 'torch' in sys.modules)")
+    code = (
+        "import sys, translate; rc = translate.main(['--checkpoint', 'missing.pt', 'x']); "
+        "print(rc, 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["1", "False"]
 
@@ -326,8 +364,14 @@ def test_interactive_prompt_on_a_terminal(trained_slice_models, pairs):
     """With a terminal on standard input and no sentences, each line entered is translated at once."""
     _, checkpoint, _ = trained_slice_models["transformer"]
     master, slave = os.openpty()
-    process = subprocess.Popen([sys.executable, "translate.py", "--checkpoint", str(checkpoint), "--beam", "2"], cwd=ROOT,
-                               stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "translate.py", "--checkpoint", str(checkpoint), "--beam", "2"],
+        cwd=ROOT,
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     os.close(slave)
     try:
         os.write(master, (pairs[0][0] + "\n").encode())

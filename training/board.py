@@ -13,6 +13,7 @@ TensorBoard's list::
 A layer with a single head (the RNN's additive attention: one layer, one head) is drawn as it is,
 without ``_mean`` and without head images: the RNN has the one image ``attention/sent0/cross_layer1``.
 """
+
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence
 
@@ -132,6 +133,7 @@ class Board:
 
 def hparam_values(config: Mapping[str, Any]) -> Dict[str, Any]:
     """The flattened config as the values the HParams view takes: bool, str, int, float ("null" for None)."""
+
     def value(v: Any) -> Any:
         return "null" if v is None else v if isinstance(v, (bool, str, int, float)) else str(v)
 

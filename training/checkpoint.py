@@ -4,6 +4,7 @@ A checkpoint loads with ``torch.load(path, weights_only=True)`` and holds everyt
 ``translate.py`` needs (``model``, ``model_config``, ``tokenizer``) plus the training state for
 resuming (optimizer, step, epoch, RNG states, the resolved config).
 """
+
 import os
 import pickle
 import random
@@ -15,12 +16,12 @@ from typing import Any, Dict, Tuple
 import torch
 from torch import nn
 
+from common.files import AtomicFile
 from data.specials import PAD_ID
 from data.tokenizer import Tokenizer
 from models.build import build_model
 from models.config import config_from_dict
 from models.seq2seq import map_state
-from common.files import AtomicFile
 
 FORMAT = 1
 
@@ -48,7 +49,9 @@ def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:
     if not isinstance(payload, dict) or "model" not in payload or "model_config" not in payload:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no model or model_config)")
     if payload.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {payload.get('format')!r}, this version reads {FORMAT}")
+        raise CheckpointError(
+            f"checkpoint {path} has format {payload.get('format')!r}, this version reads {FORMAT}"
+        )
     return payload
 
 
@@ -79,9 +82,17 @@ def rng_states() -> Dict[str, Any]:
     import numpy as np
 
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    states = {"python": random.getstate(), "torch": torch.get_rng_state(),
-              "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                        "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+    states = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -94,7 +105,9 @@ def set_rng_states(states: Dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "numpy" in states:
         n = states["numpy"]
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+        np.random.set_state(
+            (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
@@ -104,8 +117,11 @@ def weights_mismatch(expected: Dict[str, Any], given: Dict[str, Any]) -> str:
     when they fit. Weights of the other model family show as missing and unexpected names."""
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
-    shapes = [k for k in sorted(set(expected) & set(given))
-              if not isinstance(given[k], torch.Tensor) or given[k].shape != expected[k].shape]
+    shapes = [
+        k
+        for k in sorted(set(expected) & set(given))
+        if not isinstance(given[k], torch.Tensor) or given[k].shape != expected[k].shape
+    ]
     parts = []
     if missing:
         parts.append(f"{len(missing)} weights missing, e.g. {missing[0]}")

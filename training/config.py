@@ -4,6 +4,7 @@
 ``conf/model/`` extends ``rnn_schema`` or ``transformer_schema``. A misspelt key or a value of the
 wrong type then fails when the config is composed, naming the key.
 """
+
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -45,8 +46,12 @@ class TrainerConfig:
     log_every: int = 50  # steps between log lines and train/* scalars
     attention_samples: int = 4  # validation sentences whose attention is drawn at every evaluation
     resume: Optional[str] = None  # null, auto (this run folder's last.pt) or a checkpoint path
-    keep_last: Optional[int] = None  # also keep the last N evaluations' checkpoints as checkpoints/step_<step>.pt
-    max_bad_steps: int = 5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
+    keep_last: Optional[int] = (
+        None  # also keep the last N evaluations' checkpoints as checkpoints/step_<step>.pt
+    )
+    max_bad_steps: int = (
+        5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
+    )
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
     num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
     compile: bool = False  # torch.compile the model
@@ -92,10 +97,19 @@ def trainer_config(node: DictConfig) -> TrainerConfig:
 
 def check_trainer_config(tc: TrainerConfig) -> None:
     """Range checks the schema's types cannot express; one line naming the key."""
-    at_least_one = {"batch_tokens": tc.batch_tokens, "accumulate": tc.accumulate, "log_every": tc.log_every,
-                    "beam_size": tc.beam_size, "eval_every": tc.eval_every, "patience": tc.patience,
-                    "keep_last": tc.keep_last, "max_bad_steps": tc.max_bad_steps,
-                    "max_epochs": tc.max_epochs, "max_steps": tc.max_steps, "num_threads": tc.num_threads}
+    at_least_one = {
+        "batch_tokens": tc.batch_tokens,
+        "accumulate": tc.accumulate,
+        "log_every": tc.log_every,
+        "beam_size": tc.beam_size,
+        "eval_every": tc.eval_every,
+        "patience": tc.patience,
+        "keep_last": tc.keep_last,
+        "max_bad_steps": tc.max_bad_steps,
+        "max_epochs": tc.max_epochs,
+        "max_steps": tc.max_steps,
+        "num_threads": tc.num_threads,
+    }
     for key, value in at_least_one.items():
         if value is not None and value < 1:
             raise ValueError(f"trainer.{key} must be at least 1, got {value}")

@@ -1,4 +1,5 @@
 """Where and how the model runs: the torch device, CPU threads and mixed precision."""
+
 import os
 from contextlib import nullcontext
 from functools import partial

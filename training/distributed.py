@@ -7,6 +7,7 @@ Rank 0 is the main process: it alone writes the run folder (TensorBoard, checkpo
 training (a stop signal, early stopping, a limit, too many non-finite steps) is agreed by all
 ranks at the same step, so no rank waits for a collective the others never reach.
 """
+
 import datetime
 import os
 from contextlib import contextmanager, nullcontext
@@ -46,8 +47,10 @@ def export_job_ranks() -> None:
     try:
         from submitit.helpers import TorchDistributedEnvironment
     except ImportError:
-        raise RuntimeError("a SLURM job of several tasks needs submitit (pip install hydra-submitit-launcher), "
-                           "or one task per node that starts torchrun") from None
+        raise RuntimeError(
+            "a SLURM job of several tasks needs submitit (pip install hydra-submitit-launcher), "
+            "or one task per node that starts torchrun"
+        ) from None
     job = TorchDistributedEnvironment()
     if job.world_size > 1:
         job.export()  # may narrow CUDA_VISIBLE_DEVICES to the task's GPU: pick_device copes
@@ -55,7 +58,11 @@ def export_job_ranks() -> None:
 
 def world_from_env() -> World:
     """The ranks torchrun set in the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
-    return World(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+    return World(
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+    )
 
 
 def init(world: World, device: torch.device) -> None:
@@ -63,8 +70,11 @@ def init(world: World, device: torch.device) -> None:
     if not world.distributed or dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=TIMEOUT_MINUTES),
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        timeout=datetime.timedelta(minutes=TIMEOUT_MINUTES),
+        device_id=device if device.type == "cuda" else None,
+    )
 
 
 def active() -> bool:

@@ -1,4 +1,5 @@
 """Evaluation: teacher-forced validation loss and decoding whole splits back to text."""
+
 import math
 from contextlib import nullcontext
 from typing import Dict, Iterator, List, Tuple
@@ -44,8 +45,13 @@ def validation_loss(
 
 @torch.no_grad()
 def decode_ids(
-    model: nn.Module, dataset: ParallelDataset, batch_tokens: int, device: torch.device,
-    beam_size: int = 1, alpha: float = 1.0, autocast=nullcontext,
+    model: nn.Module,
+    dataset: ParallelDataset,
+    batch_tokens: int,
+    device: torch.device,
+    beam_size: int = 1,
+    alpha: float = 1.0,
+    autocast=nullcontext,
 ) -> List[Hypothesis]:
     """The best hypothesis of every source sentence, in the split's order (greedy when ``beam_size`` is 1)."""
     model.eval()
@@ -87,8 +93,14 @@ def detokenize(tokenizer: Tokenizer, hyps: List[Hypothesis]) -> List[str]:
 
 
 def translate_split(
-    model: nn.Module, dataset: ParallelDataset, tokenizer: Tokenizer, batch_tokens: int, device: torch.device,
-    beam_size: int = 1, alpha: float = 1.0, autocast=nullcontext,
+    model: nn.Module,
+    dataset: ParallelDataset,
+    tokenizer: Tokenizer,
+    batch_tokens: int,
+    device: torch.device,
+    beam_size: int = 1,
+    alpha: float = 1.0,
+    autocast=nullcontext,
 ) -> List[str]:
     """Detokenized translations of a split, in its order."""
     return detokenize(tokenizer, decode_ids(model, dataset, batch_tokens, device, beam_size, alpha, autocast))

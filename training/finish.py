@@ -1,6 +1,7 @@
 """The end of a run: the best weights decode every test split with beam search into
 ``<split>.hyp`` (references beside them in ``<split>.ref``), and the scores, the validation
 history and the sacrebleu signatures go into ``results.json`` and one summary line."""
+
 import json
 import logging
 import time
@@ -13,9 +14,9 @@ from torch import nn
 
 from common.files import AtomicFile
 from data.pipeline import PreparedData
+from training.checkpoint import load_checkpoint
 from training.evaluate import translate_split
 from training.metrics import corpus_scores, signatures
-from training.checkpoint import load_checkpoint
 from training.progress import Progress
 from training.signals import Interrupted
 
@@ -29,22 +30,45 @@ def write_lines(path: Path, lines) -> None:
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
-def decode_test_split(model: nn.Module, data: PreparedData, split: str, out_dir: Path, batch_tokens: int, beam: int,
-                      alpha: float, device: torch.device, autocast: Callable[[], ContextManager]) -> Dict[str, float]:
+def decode_test_split(
+    model: nn.Module,
+    data: PreparedData,
+    split: str,
+    out_dir: Path,
+    batch_tokens: int,
+    beam: int,
+    alpha: float,
+    device: torch.device,
+    autocast: Callable[[], ContextManager],
+) -> Dict[str, float]:
     """Beam-decode one test split into ``<split>.hyp`` (its references into ``<split>.ref``, for
     significance tests by scripts/compare.py); its BLEU and chrF."""
     tick = time.perf_counter()
-    hyps = translate_split(model, data.datasets[split], data.tokenizer, batch_tokens, device, beam, alpha, autocast)
+    hyps = translate_split(
+        model, data.datasets[split], data.tokenizer, batch_tokens, device, beam, alpha, autocast
+    )
     write_lines(out_dir / f"{split}.hyp", hyps)
     write_lines(out_dir / f"{split}.ref", data.references[split])
     scores = corpus_scores(hyps, data.references[split])
-    log.info("test %s (beam %d): BLEU %.2f chrF %.2f (%.0f s)", split, beam, scores["bleu"], scores["chrf"],
-             time.perf_counter() - tick)
+    log.info(
+        "test %s (beam %d): BLEU %.2f chrF %.2f (%.0f s)",
+        split,
+        beam,
+        scores["bleu"],
+        scores["chrf"],
+        time.perf_counter() - tick,
+    )
     return scores
 
 
-def results_of(p: Progress, model_name: str, params: int, epochs: float, device: torch.device,
-               test: Dict[str, Dict[str, float]]) -> Dict[str, Any]:
+def results_of(
+    p: Progress,
+    model_name: str,
+    params: int,
+    epochs: float,
+    device: torch.device,
+    test: Dict[str, Dict[str, float]],
+) -> Dict[str, Any]:
     """The contents of ``results.json``: the run, its best validation scores, its test scores."""
     best: Dict[str, Optional[float]] = max(p.history, key=lambda h: h["bleu"]) if p.history else {}
     return {
@@ -76,7 +100,9 @@ def hparam_metrics(results: Dict[str, Any]) -> Dict[str, float]:
 
 
 def summary_line(results: Dict[str, Any]) -> str:
-    tests = ", ".join(f"{split} BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}" for split, s in results["test"].items())
+    tests = ", ".join(
+        f"{split} BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f}" for split, s in results["test"].items()
+    )
     return (
         f"{results['model']} ({results['params']:,} params): {results['steps']} steps, {results['epochs']} epochs, "
         f"{results['train_seconds']:.0f} s, {results['train_tokens_per_second']:.0f} tgt tok/s; "
@@ -98,10 +124,19 @@ def decode_tests(trainer: "Trainer") -> Dict[str, Dict[str, float]]:
                 f"{stop.name}: stopped before decoding test split {split}; training is finished "
                 f"({trainer.ckpt_dir / 'last.pt'}, step {trainer.progress.step}); decode the test splits with: "
                 f"python train.py trainer.resume=auto hydra.run.dir={trainer.out_dir} (and the same overrides)",
-                stop.signum)
-        results[split] = decode_test_split(trainer.model, trainer.data, split, trainer.out_dir,
-                                           trainer.eval_batch_tokens, tc.beam_size, tc.length_penalty,
-                                           trainer.device, trainer.autocast)
+                stop.signum,
+            )
+        results[split] = decode_test_split(
+            trainer.model,
+            trainer.data,
+            split,
+            trainer.out_dir,
+            trainer.eval_batch_tokens,
+            tc.beam_size,
+            tc.length_penalty,
+            trainer.device,
+            trainer.autocast,
+        )
     return results
 
 
@@ -109,8 +144,9 @@ def finish(trainer: "Trainer", test: Dict[str, Dict[str, float]]) -> Optional[Di
     """Write ``results.json``, the HParams entry and the summary line (rank 0); the results."""
     if not trainer.world.main:
         return None
-    results = results_of(trainer.progress, trainer.model_cfg.name, trainer.params, trainer.epochs_done(),
-                         trainer.device, test)
+    results = results_of(
+        trainer.progress, trainer.model_cfg.name, trainer.params, trainer.epochs_done(), trainer.device, test
+    )
     write_results(trainer.out_dir, results)
     trainer.board.hparams(OmegaConf.to_container(trainer.cfg, resolve=True), hparam_metrics(results))
     log.info("summary: %s", summary_line(results))

@@ -1,11 +1,14 @@
 """Label-smoothed cross-entropy over target tokens, padding ignored (Szegedy et al. 2016)."""
+
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
 
-def label_smoothed_nll(logits: Tensor, target: Tensor, pad_id: int, smoothing: float) -> Tuple[Tensor, Tensor, int]:
+def label_smoothed_nll(
+    logits: Tensor, target: Tensor, pad_id: int, smoothing: float
+) -> Tuple[Tensor, Tensor, int]:
     """Summed losses over the non-padding positions of ``target``.
 
     ``logits`` ``(B, T, V)``, ``target`` ``(B, T)``. The smoothed loss is

@@ -1,4 +1,5 @@
 """Corpus BLEU and chrF with sacrebleu, on detokenized text against the raw references."""
+
 from typing import Dict, List, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
@@ -10,7 +11,10 @@ def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[
         # sacrebleu zips the two silently: a length mismatch would give a meaningless score.
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
     refs: List[List[str]] = [list(references)]
-    return {"bleu": BLEU().corpus_score(list(hypotheses), refs).score, "chrf": CHRF().corpus_score(list(hypotheses), refs).score}
+    return {
+        "bleu": BLEU().corpus_score(list(hypotheses), refs).score,
+        "chrf": CHRF().corpus_score(list(hypotheses), refs).score,
+    }
 
 
 def signatures() -> Dict[str, str]:

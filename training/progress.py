@@ -1,4 +1,5 @@
 """Where training stands (``Progress``, saved in every checkpoint) and the log line of its steps."""
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -58,8 +59,12 @@ class LogWindow:
 
     def scalars(self) -> Dict[str, float]:
         """The ``train/*`` scalars of the window (one point at its last step)."""
-        return {"train/loss": self.loss / max(self.count, 1), "train/lr": self.last.lr,
-                "train/grad_norm": self.last.grad_norm, "train/tokens_per_second": self.tokens / max(self.seconds, 1e-9)}
+        return {
+            "train/loss": self.loss / max(self.count, 1),
+            "train/lr": self.last.lr,
+            "train/grad_norm": self.last.grad_norm,
+            "train/tokens_per_second": self.tokens / max(self.seconds, 1e-9),
+        }
 
 
 def eta(p: Progress, total_steps: Optional[int]) -> str:
@@ -75,7 +80,13 @@ def log_window(p: Progress, window: LogWindow, total_steps: Optional[int]) -> Di
     scalars = window.scalars()
     log.info(
         "epoch %d step %d%s | loss %.3f | lr %.2e | grad %.2f | %.0f tgt tok/s%s",
-        p.epoch + 1, p.step, f"/{total_steps}" if total_steps else "", scalars["train/loss"],
-        scalars["train/lr"], scalars["train/grad_norm"], scalars["train/tokens_per_second"], eta(p, total_steps),
+        p.epoch + 1,
+        p.step,
+        f"/{total_steps}" if total_steps else "",
+        scalars["train/loss"],
+        scalars["train/lr"],
+        scalars["train/grad_norm"],
+        scalars["train/tokens_per_second"],
+        eta(p, total_steps),
     )
     return scalars

@@ -1,5 +1,6 @@
 """Continuing a run from a checkpoint: only with the model, the vocabulary and the settings that
 decide the batches it was trained with (anything else could not give the run it continues)."""
+
 import logging
 import shutil
 from pathlib import Path
@@ -17,19 +18,29 @@ def config_changes(saved: Dict[str, Any], now: Dict[str, Any], prefix: str = "mo
     """The keys whose values differ, as ``model.d_model (checkpoint 256, now 512)``; empty when none."""
     keys = sorted(set(saved) | set(now))
     return ", ".join(
-        f"{prefix}{k} (checkpoint {saved.get(k)!r}, now {now.get(k)!r})" for k in keys if saved.get(k) != now.get(k)
+        f"{prefix}{k} (checkpoint {saved.get(k)!r}, now {now.get(k)!r})"
+        for k in keys
+        if saved.get(k) != now.get(k)
     )
 
 
 def batch_order_settings(config: Dict[str, Any]) -> Dict[str, Any]:
     """The flattened settings that decide each epoch's batches: the data, the batching and the seed."""
     flat = flatten(config)
-    return {k: v for k, v in flat.items()
-            if (k.startswith("data.") and k not in NOT_SETTINGS) or k in BATCH_ORDER_KEYS}
+    return {
+        k: v
+        for k, v in flat.items()
+        if (k.startswith("data.") and k not in NOT_SETTINGS) or k in BATCH_ORDER_KEYS
+    }
 
 
-def check_resumable(payload: Dict[str, Any], path: Path, model_config: Dict[str, Any], config: Dict[str, Any],
-                    tokenizer: Dict[str, Any]) -> None:
+def check_resumable(
+    payload: Dict[str, Any],
+    path: Path,
+    model_config: Dict[str, Any],
+    config: Dict[str, Any],
+    tokenizer: Dict[str, Any],
+) -> None:
     """Refuse (``CheckpointError``, naming the keys) a checkpoint trained with another model config,
     other batch-deciding settings or another vocabulary than this run's."""
     changed = config_changes(payload["model_config"], model_config)
@@ -37,14 +48,18 @@ def check_resumable(payload: Dict[str, Any], path: Path, model_config: Dict[str,
         raise CheckpointError(
             f"checkpoint {path} was trained with another model config: {changed}; resume with the same model.* settings"
         )
-    changed = config_changes(batch_order_settings(payload.get("config", {})), batch_order_settings(config), prefix="")
+    changed = config_changes(
+        batch_order_settings(payload.get("config", {})), batch_order_settings(config), prefix=""
+    )
     if changed:
         raise CheckpointError(
             f"checkpoint {path} was trained with other settings that decide the batches: {changed}; an exact resume "
             "needs the same ones (to change them, start a new run)"
         )
     if payload["tokenizer"] != tokenizer:
-        raise CheckpointError(f"checkpoint {path} was trained with another vocabulary: check the data.* settings")
+        raise CheckpointError(
+            f"checkpoint {path} was trained with another vocabulary: check the data.* settings"
+        )
 
 
 def adopt_best(source: Path, ckpt_dir: Path) -> None:

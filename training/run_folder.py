@@ -6,6 +6,7 @@ from the Hydra callback ``RunFolderCheck`` (``conf/config.yaml``, ``hydra.callba
 Hydra creates the folder, opens ``train.log`` or does anything else there; and from
 ``training.trainer.prepare`` (in-process callers and each job of a sweep).
 """
+
 import fcntl
 import os
 import sys
@@ -61,7 +62,9 @@ def check_writable(folder: Path, key: str) -> None:
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
-        raise RunFolderError(f"cannot write into {key}={folder} ({error.strerror}): choose a writable folder") from None
+        raise RunFolderError(
+            f"cannot write into {key}={folder} ({error.strerror}): choose a writable folder"
+        ) from None
 
 
 _LOCKS: Dict[Path, int] = {}  # run folder -> the open descriptor that holds its lock in this process

@@ -1,4 +1,5 @@
 """Learning-rate schedules as pure functions of the optimizer step (1-based)."""
+
 import math
 
 SCHEDULES = ("inverse_sqrt", "exponential", "constant")
@@ -9,8 +10,15 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
     return min(1.0, step / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-def lr_at(step: int, schedule: str, lr: float, warmup_steps: int, decay_rate: float = 0.5,
-          decay_steps: int = 1000, min_lr: float = 0.0) -> float:
+def lr_at(
+    step: int,
+    schedule: str,
+    lr: float,
+    warmup_steps: int,
+    decay_rate: float = 0.5,
+    decay_steps: int = 1000,
+    min_lr: float = 0.0,
+) -> float:
     """Learning rate of optimizer step ``step`` (the first update is step 1).
 
     - ``inverse_sqrt`` (Vaswani et al. 2017, section 5.3, with ``lr`` as the peak): linear warm-up,

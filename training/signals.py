@@ -7,6 +7,7 @@ can tell a stop to resume from a crash. A second signal exits at once with ``128
 checkpoints are written to a temporary file and renamed, so the previous ``last.pt`` is intact.
 A signal that the process inherited as ignored (SIGINT under ``nohup ... &``) stays ignored.
 """
+
 import logging
 import os
 import signal
@@ -41,12 +42,17 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.signum is not None:
-            log.error("second %s: exiting at once (checkpoints/last.pt is the one saved before)", signal.Signals(signum).name)
+            log.error(
+                "second %s: exiting at once (checkpoints/last.pt is the one saved before)",
+                signal.Signals(signum).name,
+            )
             logging.shutdown()
             os._exit(128 + signum)
         self.signum = signum
-        log.warning("%s: stopping after the current step and saving checkpoints/last.pt (send it again to exit at once)",
-                    signal.Signals(signum).name)
+        log.warning(
+            "%s: stopping after the current step and saving checkpoints/last.pt (send it again to exit at once)",
+            signal.Signals(signum).name,
+        )
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():

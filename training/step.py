@@ -1,6 +1,7 @@
 """One optimizer step: forward and label-smoothed loss over the step's batches (gradient
 accumulation), backward, gradient clipping, the learning rate of the step, the update. A step
 whose loss or gradient norm is not finite changes nothing: no update, no step counted."""
+
 import math
 from typing import Callable, ContextManager, List
 
@@ -22,7 +23,9 @@ def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer
     kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
     if tc.optimizer not in kinds:
         raise ValueError(f"trainer.optimizer must be adam or adamw, got {tc.optimizer!r}")
-    return kinds[tc.optimizer](model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+    return kinds[tc.optimizer](
+        model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay
+    )
 
 
 def learning_rate(step: int, tc: TrainerConfig) -> float:
@@ -30,8 +33,14 @@ def learning_rate(step: int, tc: TrainerConfig) -> float:
     return lr_at(step, tc.schedule, tc.lr, tc.warmup_steps, tc.decay_rate, tc.decay_steps, tc.min_lr)
 
 
-def accumulate_gradients(forward: nn.Module, batches: List[Batch], tc: TrainerConfig, world: World,
-                         device: torch.device, autocast: Callable[[], ContextManager]) -> StepStats:
+def accumulate_gradients(
+    forward: nn.Module,
+    batches: List[Batch],
+    tc: TrainerConfig,
+    world: World,
+    device: torch.device,
+    autocast: Callable[[], ContextManager],
+) -> StepStats:
     """Backward of the loss of every batch, normalised per target token of the whole step; the
     summed loss and the tokens (every rank's batches together; lr and norm not known yet)."""
     # Every rank's target tokens together: DDP averages the ranks' gradients, hence the factor world_size.
@@ -49,9 +58,17 @@ def accumulate_gradients(forward: nn.Module, batches: List[Batch], tc: TrainerCo
     return StepStats(total / n_tokens, float("nan"), float("nan"), n_tokens, skipped=False)
 
 
-def train_step(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Optimizer, batches: List[Batch],
-               step: int, tc: TrainerConfig, world: World, device: torch.device,
-               autocast: Callable[[], ContextManager]) -> StepStats:
+def train_step(
+    model: nn.Module,
+    forward: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: List[Batch],
+    step: int,
+    tc: TrainerConfig,
+    world: World,
+    device: torch.device,
+    autocast: Callable[[], ContextManager],
+) -> StepStats:
     """Optimizer step number ``step`` over ``batches``; ``forward`` is ``model`` itself, its DDP wrapper
     or its compiled form. Skipped (``stats.skipped``, gradients dropped) when not finite."""
     model.train()
@@ -59,7 +76,9 @@ def train_step(model: nn.Module, forward: nn.Module, optimizer: torch.optim.Opti
     clip = tc.clip_grad_norm if tc.clip_grad_norm is not None else float("inf")
     stats.grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip))
     if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
-        optimizer.zero_grad(set_to_none=True)  # no update: weights, optimizer state and step stay as they were
+        optimizer.zero_grad(
+            set_to_none=True
+        )  # no update: weights, optimizer state and step stay as they were
         stats.skipped = True
         return stats
     stats.lr = learning_rate(step, tc)

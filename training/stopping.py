@@ -1,6 +1,7 @@
 """When training stops: the limits (``max_steps``, ``max_epochs``, ``max_minutes``), early stopping
 (``patience``) and stop signals, agreed by every rank at the same step so that no rank waits for a
 collective the others never reach."""
+
 from typing import Optional, Tuple
 
 import torch
@@ -11,7 +12,9 @@ from training.progress import Progress
 from training.signals import StopRequest
 
 
-def stop_reason(tc: TrainerConfig, p: Progress, minutes: float, max_steps: Optional[int] = None) -> Optional[str]:
+def stop_reason(
+    tc: TrainerConfig, p: Progress, minutes: float, max_steps: Optional[int] = None
+) -> Optional[str]:
     """Why training must stop now, or None; ``max_steps`` is a limit of the caller besides ``tc``'s."""
     if max_steps is not None and p.step >= max_steps:
         return f"{max_steps} steps reached (fit(max_steps))"
@@ -34,7 +37,9 @@ def total_steps(tc: TrainerConfig, batches_per_epoch: int, max_steps: Optional[i
     return min(limits) if limits else None
 
 
-def agree(stop: Optional[StopRequest], reason: Optional[str], device: torch.device) -> Tuple[Optional[int], Optional[str]]:
+def agree(
+    stop: Optional[StopRequest], reason: Optional[str], device: torch.device
+) -> Tuple[Optional[int], Optional[str]]:
     """After a step, on every rank at once: the stop signal any rank received (or None) and the reason
     to stop that rank 0 sees (it alone holds the scores; others pass None). One small all-reduce per
     step (none in a single process); the reason's text is broadcast only on the step that stops."""

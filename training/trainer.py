@@ -7,6 +7,7 @@ evaluation ``training/validation.py`` (validation scores, images, ``last.pt`` / 
 ``training/stopping.py`` says when to stop (limits, early stopping, signals, agreed by all
 ranks). ``run`` then decodes the test splits with the best weights (``training/finish.py``).
 """
+
 import logging
 import math
 import random
@@ -26,8 +27,15 @@ from data.specials import PAD_ID
 from models.build import build_model, count_parameters
 from training import distributed
 from training.board import Board, NullBoard
-from training.checkpoint import CheckpointError, keep_recent, load_checkpoint, rng_states, save_checkpoint
-from training.checkpoint import set_rng_states, to_cpu
+from training.checkpoint import (
+    CheckpointError,
+    keep_recent,
+    load_checkpoint,
+    rng_states,
+    save_checkpoint,
+    set_rng_states,
+    to_cpu,
+)
 from training.config import model_config, trainer_config
 from training.device import autocast_for, pick_device, set_threads
 from training.finish import decode_tests, finish
@@ -61,14 +69,20 @@ class Trainer:
         set_threads(self.device, self.tc.num_threads)
         distributed.init(self.world, self.device)
         seed_everything(cfg.seed)  # the same initial weights on every rank (DDP checks that they agree)
-        with distributed.main_first(self.world):  # rank 0 trains and caches the tokenizer; the others then read it
+        with distributed.main_first(
+            self.world
+        ):  # rank 0 trains and caches the tokenizer; the others then read it
             self.data: PreparedData = prepare_data(data_config(cfg.data))
         self.model_cfg = model_config(cfg.model)
         tok = self.data.tokenizer
         if not tok.joint and self.model_cfg.share_embeddings:
-            log.info("separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared")
+            log.info(
+                "separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared"
+            )
             self.model_cfg.share_embeddings = False
-        self.model = build_model(self.model_cfg, tok.src_vocab_size, tok.tgt_vocab_size, PAD_ID).to(self.device)
+        self.model = build_model(self.model_cfg, tok.src_vocab_size, tok.tgt_vocab_size, PAD_ID).to(
+            self.device
+        )
         self.params = count_parameters(self.model)
         self.optimizer = make_optimizer(self.model, self.tc)
         self.autocast = autocast_for(self.device, self.tc.amp)
@@ -78,8 +92,14 @@ class Trainer:
         if self.world.distributed:
             torch.manual_seed(cfg.seed * 1000 + self.world.rank)  # each rank its own dropout masks
         train = self.data.datasets[TRAIN]
-        self.sampler = TokenBucketSampler(train.src_lengths(), train.tgt_lengths(), self.tc.batch_tokens,
-                                          seed=cfg.seed, rank=self.world.rank, world_size=self.world.world_size)
+        self.sampler = TokenBucketSampler(
+            train.src_lengths(),
+            train.tgt_lengths(),
+            self.tc.batch_tokens,
+            seed=cfg.seed,
+            rank=self.world.rank,
+            world_size=self.world.world_size,
+        )
         self.progress = Progress()
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.eval_batch_tokens = self.tc.eval_batch_tokens or self.tc.batch_tokens
@@ -114,8 +134,13 @@ class Trainer:
         if path is None:
             return False
         payload = load_checkpoint(path)
-        check_resumable(payload, path, asdict(self.model_cfg), OmegaConf.to_container(self.cfg, resolve=True),
-                        self.data.tokenizer.state_dict())
+        check_resumable(
+            payload,
+            path,
+            asdict(self.model_cfg),
+            OmegaConf.to_container(self.cfg, resolve=True),
+            self.data.tokenizer.state_dict(),
+        )
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.progress = Progress(**payload["progress"])
@@ -123,7 +148,9 @@ class Trainer:
         if self.world.main:
             adopt_best(path, self.ckpt_dir)
             remove_stale_temporaries(self.ckpt_dir)
-        self.progress.bad_in_a_row = 0  # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
+        self.progress.bad_in_a_row = (
+            0  # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
+        )
         self.resumed = True
         p = self.progress
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, p.epoch + 1, p.batches_done)
@@ -156,7 +183,8 @@ class Trainer:
         while p.batches_done < len(batches):
             group = batches[p.batches_done : p.batches_done + tc.accumulate]
             where = f"epoch {p.epoch + 1} batch {p.batches_done + 1}" + (
-                f"-{p.batches_done + len(group)}" if len(group) > 1 else "")
+                f"-{p.batches_done + len(group)}" if len(group) > 1 else ""
+            )
             tick = time.perf_counter()
             stats = self.train_step([self.collate(indices) for indices in group])
             seconds = time.perf_counter() - tick
@@ -166,7 +194,11 @@ class Trainer:
             if stats.skipped:
                 self.skip_bad_step(stats, where)  # the step counter stays: no evaluation is due
             else:
-                p.bad_in_a_row, p.step_seconds, p.tgt_tokens = 0, p.step_seconds + seconds, p.tgt_tokens + stats.tokens
+                p.bad_in_a_row, p.step_seconds, p.tgt_tokens = (
+                    0,
+                    p.step_seconds + seconds,
+                    p.tgt_tokens + stats.tokens,
+                )
                 self.window.add(stats, seconds)
                 if p.step % tc.log_every == 0:
                     self.log_steps()
@@ -204,8 +236,17 @@ class Trainer:
 
     def train_step(self, batches: List[Batch]) -> StepStats:
         """One optimizer step over ``batches`` (gradient accumulation); counted unless skipped."""
-        stats = train_step(self.model, self.forward, self.optimizer, batches, self.progress.step + 1, self.tc,
-                           self.world, self.device, self.autocast)
+        stats = train_step(
+            self.model,
+            self.forward,
+            self.optimizer,
+            batches,
+            self.progress.step + 1,
+            self.tc,
+            self.world,
+            self.device,
+            self.autocast,
+        )
         if not stats.skipped:
             self.progress.step += 1
         return stats
@@ -215,9 +256,13 @@ class Trainer:
         p = self.progress
         p.skipped_steps += 1
         p.bad_in_a_row += 1
-        log.warning("non-finite %s on %s: update skipped (%d in a row, %d in all)",
-                    "gradient" if math.isfinite(stats.loss) else "loss", where, p.bad_in_a_row,
-                    p.skipped_steps)
+        log.warning(
+            "non-finite %s on %s: update skipped (%d in a row, %d in all)",
+            "gradient" if math.isfinite(stats.loss) else "loss",
+            where,
+            p.bad_in_a_row,
+            p.skipped_steps,
+        )
         self.board.scalars({"train/skipped_steps": p.skipped_steps}, p.step)
         if p.bad_in_a_row >= self.tc.max_bad_steps:
             self.save_last()
@@ -259,10 +304,16 @@ class Trainer:
         if not self.world.main:
             return
         p, tick = self.progress, time.perf_counter()
-        scores, found, hyps = validate(self.model, self.data, self.eval_batch_tokens, self.device, self.autocast)
+        scores, found, hyps = validate(
+            self.model, self.data, self.eval_batch_tokens, self.device, self.autocast
+        )
         # the x axis of comparisons: training time so far, evaluations included
-        self.board.scalars({f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": self.seconds()}, p.step)
-        draw_samples(self.board, self.model, self.data, found, hyps, self.tc.attention_samples, p.step, self.device)
+        self.board.scalars(
+            {f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": self.seconds()}, p.step
+        )
+        draw_samples(
+            self.board, self.model, self.data, found, hyps, self.tc.attention_samples, p.step, self.device
+        )
         improved = record(p, scores, self.epochs_done())
         p.train_seconds = self.seconds()
         self.board.flush()
@@ -287,7 +338,9 @@ class Trainer:
         """The run's TensorBoard writer (rank 0; the other ranks write nothing). A resumed run appends
         to its TensorBoard run; events its previous life logged after the checkpoint are dropped."""
         if self.board is None and self.world.main:
-            self.board = Board(self.out_dir / "tb", purge_step=self.progress.step + 1 if self.resumed else None)
+            self.board = Board(
+                self.out_dir / "tb", purge_step=self.progress.step + 1 if self.resumed else None
+            )
         elif self.board is None:
             self.board = NullBoard()
 
@@ -301,12 +354,21 @@ class Trainer:
     def log_start(self) -> None:
         stats = dict(self.data.stats, batches=batch_stats(self.sampler))
         log.info("%s", format_stats(stats))
-        log.info("model: %s, %s parameters, device %s, %d threads", self.model_cfg.name, f"{self.params:,}",
-                 self.device, torch.get_num_threads())
+        log.info(
+            "model: %s, %s parameters, device %s, %d threads",
+            self.model_cfg.name,
+            f"{self.params:,}",
+            self.device,
+            torch.get_num_threads(),
+        )
         if self.world.distributed:
-            log.info("data parallel: world of %d ranks (%s), each with batches of %d tokens: %d tokens per step",
-                     self.world.world_size, "NCCL" if self.device.type == "cuda" else "gloo", self.tc.batch_tokens,
-                     self.tc.batch_tokens * self.tc.accumulate * self.world.world_size)
+            log.info(
+                "data parallel: world of %d ranks (%s), each with batches of %d tokens: %d tokens per step",
+                self.world.world_size,
+                "NCCL" if self.device.type == "cuda" else "gloo",
+                self.tc.batch_tokens,
+                self.tc.batch_tokens * self.tc.accumulate * self.world.world_size,
+            )
 
     def log_steps(self) -> None:
         """Log the steps since the last log line (a line and the ``train/*`` scalars), if any."""

@@ -11,6 +11,7 @@ length and decoded ``batch_size`` at a time with ``models.search.search`` (greed
 A blank sentence gives an empty translation (score 0) without decoding. A sentence longer than the
 model takes is cut, with a warning on the logger ``training.translator``.
 """
+
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -104,9 +105,16 @@ class Translator:
         return cls(model, tokenizer, device, default_alpha(payload))
 
     def translate(
-        self, sentences: Sequence[str], beam: int = 5, alpha: Optional[float] = None, nbest: int = 1,
-        alignments: bool = False, batch_size: int = 64, max_len_ratio: float = MAX_LEN_RATIO,
-        max_len_extra: int = MAX_LEN_EXTRA, first_line: int = 1,
+        self,
+        sentences: Sequence[str],
+        beam: int = 5,
+        alpha: Optional[float] = None,
+        nbest: int = 1,
+        alignments: bool = False,
+        batch_size: int = 64,
+        max_len_ratio: float = MAX_LEN_RATIO,
+        max_len_extra: int = MAX_LEN_EXTRA,
+        first_line: int = 1,
     ) -> List[Translation]:
         """One ``Translation`` per sentence, in the input order, with its ``nbest`` best hypotheses.
 
@@ -119,8 +127,14 @@ class Translator:
             raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
         alpha = self.alpha if alpha is None else alpha
         check_options(beam, nbest, alpha, batch_size)
-        options = dict(beam_size=beam, alpha=alpha, nbest=nbest, need_weights=alignments,
-                       max_len_ratio=max_len_ratio, max_len_extra=max_len_extra)
+        options = dict(
+            beam_size=beam,
+            alpha=alpha,
+            nbest=nbest,
+            need_weights=alignments,
+            max_len_ratio=max_len_ratio,
+            max_len_extra=max_len_extra,
+        )
         results = [blank_translation(alignments) for _ in sentences]
         todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
         ids = self.encode([sentences[i] for i in todo], [first_line + i for i in todo])
@@ -137,8 +151,13 @@ class Translator:
         encoded = []
         for number, ids in zip(numbers, self.tokenizer.encode_src(sentences)):
             if limit is not None and len(ids) + 1 > limit:
-                log.warning("line %d: %d subword tokens, more than the model takes (%d); "
-                            "translating the first %d", number, len(ids), limit - 1, limit - 1)
+                log.warning(
+                    "line %d: %d subword tokens, more than the model takes (%d); translating the first %d",
+                    number,
+                    len(ids),
+                    limit - 1,
+                    limit - 1,
+                )
                 ids = ids[: limit - 1]
             encoded.append(ids + [EOS_ID])
         return encoded
@@ -163,6 +182,11 @@ class Translator:
         out_pieces = self.tokenizer.tgt_pieces(hyp.tokens)
         words = word_attention(hyp.alignment, src_pieces, out_pieces)  # (W_out, W_src)
         return Translation(
-            text, hyp.score, hard_alignment(words), words=words, src_words=piece_words(src_pieces),
-            out_words=piece_words(out_pieces), finished=hyp.finished,
+            text,
+            hyp.score,
+            hard_alignment(words),
+            words=words,
+            src_words=piece_words(src_pieces),
+            out_words=piece_words(out_pieces),
+            finished=hyp.finished,
         )

@@ -1,5 +1,6 @@
 """An evaluation during training: validation loss and perplexity, greedy BLEU and chrF, attention
 images and sample translations; the scores decide ``best.pt`` and early stopping."""
+
 import logging
 from typing import Callable, ContextManager, Dict, List, Tuple
 
@@ -17,8 +18,13 @@ from training.progress import Progress
 log = logging.getLogger(__name__)
 
 
-def validate(model: nn.Module, data: PreparedData, batch_tokens: int, device: torch.device,
-             autocast: Callable[[], ContextManager]) -> Tuple[Dict[str, float], List[Hypothesis], List[str]]:
+def validate(
+    model: nn.Module,
+    data: PreparedData,
+    batch_tokens: int,
+    device: torch.device,
+    autocast: Callable[[], ContextManager],
+) -> Tuple[Dict[str, float], List[Hypothesis], List[str]]:
     """Scores of the validation split (loss, ppl, bleu, chrf), its greedy hypotheses and their text."""
     valid = data.datasets[VALID]
     scores = validation_loss(model, valid, batch_tokens, device, autocast)
@@ -39,8 +45,16 @@ def record(p: Progress, scores: Dict[str, float], epochs: float) -> bool:
     return improved
 
 
-def draw_samples(board: Board, model: nn.Module, data: PreparedData, found: List[Hypothesis], hyps: List[str],
-                 n: int, step: int, device: torch.device) -> None:
+def draw_samples(
+    board: Board,
+    model: nn.Module,
+    data: PreparedData,
+    found: List[Hypothesis],
+    hyps: List[str],
+    n: int,
+    step: int,
+    device: torch.device,
+) -> None:
     """Attention images and sample text of the first ``n`` validation sentences.
 
     The model's own greedy output ids are fed back teacher-forced, so each image row is the
@@ -60,7 +74,13 @@ def draw_samples(board: Board, model: nn.Module, data: PreparedData, found: List
 def log_scores(p: Progress, scores: Dict[str, float], improved: bool, seconds: float) -> None:
     log.info(
         "valid step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f%s (%.0f s)",
-        p.step, scores["loss"], scores["ppl"], scores["bleu"], scores["chrf"],
-        " *best*" if improved else f" (best {p.best_bleu:.2f}, {p.evals_without_improvement} without improvement)",
+        p.step,
+        scores["loss"],
+        scores["ppl"],
+        scores["bleu"],
+        scores["chrf"],
+        " *best*"
+        if improved
+        else f" (best {p.best_bleu:.2f}, {p.evals_without_improvement} without improvement)",
         seconds,
     )
