@@ -27,9 +27,10 @@ from training import distributed
 from training.checkpoint import CheckpointError
 from training.config import register_configs
 from training.device import pick_device
+from training.run import prepare, run
 from training.run_folder import RunFolderError
 from training.signals import INTERRUPTED, Interrupted
-from training.trainer import TrainingError, prepare, run
+from training.trainer import TrainingError
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 register_configs()

@@ -31,12 +31,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
 
 from data.errors import DataError  # no torch: data/errors.py imports nothing
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, option_problem  # no torch either
 
 if TYPE_CHECKING:  # imported for real after the command line is checked (they need torch)
     from training.translator import Translation, Translator
 
-# Options whose default is a constant of models/search.py (None here: "the search's default").
-SEARCH_DEFAULTS = {"max_len_ratio": "MAX_LEN_RATIO", "max_len_extra": "MAX_LEN_EXTRA"}
+# The names of models/search_options.py's options on this command line.
+OPTION_FLAGS = {
+    "beam_size": "--beam",
+    "nbest": "--nbest",
+    "alpha": "--alpha",
+    "max_len_ratio": "--max-len-ratio",
+}
 
 
 class UsageError(Exception):
@@ -47,15 +53,6 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, no usage dump
         print(f"error: {message} (see python translate.py --help)", file=sys.stderr)
         sys.exit(2)
-
-    def format_help(self) -> str:
-        """``--help`` shows the length-limit defaults of models/search.py (it imports torch; only --help)."""
-        import models.search
-
-        for action in self._actions:
-            if action.dest in SEARCH_DEFAULTS and action.default is None:
-                action.default = getattr(models.search, SEARCH_DEFAULTS[action.dest])
-        return super().format_help()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,35 +91,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--batch-size", type=int, default=64, help="sentences decoded together")
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    add("--max-len-ratio", type=float, default=None, help="longest output: this times the source length ...")
-    add("--max-len-extra", type=int, default=None, help="... plus this many tokens")
+    add(
+        "--max-len-ratio",
+        type=float,
+        default=MAX_LEN_RATIO,
+        help="longest output: this times the source length ...",
+    )
+    add("--max-len-extra", type=int, default=MAX_LEN_EXTRA, help="... plus this many tokens")
     add("--alignments", action="store_true", help="append a tab and Pharaoh word alignments i-j")
     add("--plot", metavar="DIR", help="write one attention heatmap PNG per sentence into DIR")
     return parser
 
 
-def check_length_limit(ratio: Optional[float], extra: Optional[int]) -> None:
-    """The options given (None: the search's default) must allow some output."""
-    if (ratio is not None and ratio < 0) or (extra is not None and extra < 0) or ratio == extra == 0:
-        given = " ".join(
-            f"--max-len-{name} {value}"
-            for name, value in (("ratio", ratio), ("extra", extra))
-            if value is not None
-        )
-        raise UsageError(f"{given}: the length limit must be positive (both >= 0, not both 0)")
-
-
 def check_args(args: argparse.Namespace) -> None:
     """Range and consistency checks that need no heavy import; raises ``UsageError``."""
-    if args.beam < 1:
-        raise UsageError(f"--beam {args.beam}: the beam size must be at least 1")
-    if args.nbest is not None and not 1 <= args.nbest <= args.beam:
-        raise UsageError(f"--nbest {args.nbest}: must be between 1 and the beam size ({args.beam})")
+    given = dict(
+        beam_size=args.beam,
+        nbest=args.nbest or 1,
+        alpha=args.alpha or 0.0,
+        max_len_ratio=args.max_len_ratio,
+        max_len_extra=args.max_len_extra,
+    )
+    problem = option_problem(**given)
+    if problem is not None:
+        name, what = problem
+        raise UsageError(f"{OPTION_FLAGS[name]} {given[name]}: {what}")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
-    if args.alpha is not None and args.alpha < 0:
-        raise UsageError(f"--alpha {args.alpha}: the length penalty must be >= 0")
-    check_length_limit(args.max_len_ratio, args.max_len_extra)
     if args.sentences and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")
     if not Path(args.checkpoint).is_file():
@@ -132,16 +127,16 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
-    """The keyword arguments of ``Translator.translate`` the command line sets (length limits when given)."""
-    options = dict(
+    """The keyword arguments of ``Translator.translate`` the command line sets."""
+    return dict(
         beam=args.beam,
         alpha=args.alpha,
         nbest=args.nbest or 1,
         batch_size=args.batch_size,
-        alignments=bool(args.alignments or args.plot),
-    )  # plots need the word attention too
-    options.update({name: getattr(args, name) for name in SEARCH_DEFAULTS if getattr(args, name) is not None})
-    return options
+        alignments=bool(args.alignments or args.plot),  # plots need the word attention too
+        max_len_ratio=args.max_len_ratio,
+        max_len_extra=args.max_len_extra,
+    )
 
 
 def read_input(args: argparse.Namespace) -> List[str]:

@@ -30,10 +30,8 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
 from models.seq2seq import SOURCE_KEYS, map_state
-
-MAX_LEN_RATIO = 1.5
-MAX_LEN_EXTRA = 10
 
 
 @dataclass
@@ -60,8 +58,7 @@ def output_limits(
             raise ValueError(f"max_len={max_len} must be at least 1")
         limits = [max_len] * src_mask.size(0)
     else:
-        if ratio < 0 or extra < 0 or ratio == extra == 0:
-            raise ValueError(f"output length limit {ratio} x source + {extra} must be positive")
+        check_options(max_len_ratio=ratio, max_len_extra=extra)
         limits = [max(1, int(ratio * n) + extra) for n in src_mask.sum(dim=1).tolist()]
     return limits if cap is None else [min(limit, cap) for limit in limits]
 
@@ -257,12 +254,7 @@ def beam_search(
     max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[List[Hypothesis]]:
     """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first."""
-    if beam_size < 1:
-        raise ValueError(f"beam size {beam_size} must be at least 1")
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest={nbest} must be between 1 and the beam size {beam_size}")
-    if alpha < 0:
-        raise ValueError(f"length penalty alpha={alpha} must be >= 0")
+    check_options(beam_size=beam_size, nbest=nbest, alpha=alpha)
     batch, beam, device = src.size(0), beam_size, src.device
     cap = getattr(model, "max_positions", None)
     limits = output_limits(src_mask, max_len_ratio, max_len_extra, max_len, cap)
@@ -352,7 +344,6 @@ def search(
         max_len_extra=max_len_extra,
     )
     if beam_size == 1:
-        if nbest != 1:
-            raise ValueError(f"nbest={nbest} must be between 1 and the beam size 1")
+        check_options(nbest=nbest)
         return [[hyp] for hyp in greedy_search(model, src, src_mask, bos_id, eos_id, **limits)]
     return beam_search(model, src, src_mask, bos_id, eos_id, beam_size, alpha, nbest, **limits)

@@ -22,7 +22,7 @@ import pytest
 import torch
 from omegaconf.errors import ConfigKeyError
 
-from training.trainer import prepare
+from training.run import prepare
 
 from conftest import ROOT, tiny_run
 

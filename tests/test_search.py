@@ -5,6 +5,7 @@ bias to its logits, to make chosen tokens likely or certain.
 """
 
 import itertools
+import re
 from typing import Optional
 
 import pytest
@@ -15,6 +16,7 @@ from data.specials import BOS_ID, EOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
 from models.search import beam_search, greedy_search, output_limits, search
+from models.search_options import check_options, option_problem
 
 V = 40
 
@@ -368,3 +370,21 @@ def test_beam_finds_what_greedy_misses_on_a_hand_built_model():
     )
     assert beam[1].tokens == [4] and beam[1].score == pytest.approx(greedy.score, abs=1e-4)
     assert beam[0].finished and beam[1].finished
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(beam_size=0), "beam_size=0: the beam size must be at least 1"),
+        (dict(beam_size=4, nbest=5), "nbest=5: must be between 1 and the beam size (4)"),
+        (dict(alpha=-0.5), "alpha=-0.5: the length penalty must be >= 0"),
+        (dict(max_len_ratio=0, max_len_extra=0), "max_len_ratio=0: the output length limit 0 x source + 0"),
+        (dict(max_len_extra=-1), "max_len_ratio=1.5: the output length limit 1.5 x source + -1"),
+    ],
+)
+def test_search_options_out_of_range_are_named(options, message):
+    """One check of the options for the search, the Translator and translate.py's command line."""
+    assert option_problem(**options)[1] in message
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_options(**options)
+    assert option_problem() is None

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from training.trainer import train
+from training.run import train
 
 TINY_TRANSFORMER = [
     "model.d_model=64",

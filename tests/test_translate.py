@@ -20,7 +20,7 @@ import torch
 
 from data.specials import EOS_ID
 from data.tokenizer import normalize
-from models.search import MAX_LEN_EXTRA, MAX_LEN_RATIO
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from training.translator import Translator
 

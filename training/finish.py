@@ -6,22 +6,16 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, Optional
 
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 
 from common.files import AtomicFile
 from data.pipeline import PreparedData
-from training.checkpoint import load_checkpoint
 from training.evaluate import translate_split
 from training.metrics import corpus_scores, signatures
 from training.progress import Progress
-from training.signals import Interrupted
-
-if TYPE_CHECKING:
-    from training.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -108,46 +102,3 @@ def summary_line(results: Dict[str, Any]) -> str:
         f"{results['train_seconds']:.0f} s, {results['train_tokens_per_second']:.0f} tgt tok/s; "
         f"best valid BLEU {results['valid']['bleu']:.2f}; {tests}"
     )
-
-
-def decode_tests(trainer: "Trainer") -> Dict[str, Dict[str, float]]:
-    """Load the best checkpoint; beam-decode and score every test split (rank 0; the others: {})."""
-    if not trainer.world.main:
-        return {}
-    best = trainer.ckpt_dir / "best.pt"
-    if best.is_file():
-        trainer.model.load_state_dict(load_checkpoint(best)["model"])
-    tc, stop, results = trainer.tc, trainer.stop, {}
-    for split in trainer.data.test_splits:
-        if stop is not None and stop.signum is not None:  # training is over and saved: nothing to add
-            raise Interrupted(
-                f"{stop.name}: stopped before decoding test split {split}; training is finished "
-                f"({trainer.ckpt_dir / 'last.pt'}, step {trainer.progress.step}); decode the test splits with: "
-                f"python train.py trainer.resume=auto hydra.run.dir={trainer.out_dir} (and the same overrides)",
-                stop.signum,
-            )
-        results[split] = decode_test_split(
-            trainer.model,
-            trainer.data,
-            split,
-            trainer.out_dir,
-            trainer.eval_batch_tokens,
-            tc.beam_size,
-            tc.length_penalty,
-            trainer.device,
-            trainer.autocast,
-        )
-    return results
-
-
-def finish(trainer: "Trainer", test: Dict[str, Dict[str, float]]) -> Optional[Dict[str, Any]]:
-    """Write ``results.json``, the HParams entry and the summary line (rank 0); the results."""
-    if not trainer.world.main:
-        return None
-    results = results_of(
-        trainer.progress, trainer.model_cfg.name, trainer.params, trainer.epochs_done(), trainer.device, test
-    )
-    write_results(trainer.out_dir, results)
-    trainer.board.hparams(OmegaConf.to_container(trainer.cfg, resolve=True), hparam_metrics(results))
-    log.info("summary: %s", summary_line(results))
-    return results

@@ -5,6 +5,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
+import torch
+
+from training.config import TrainerConfig
+from training.distributed import World
+
 log = logging.getLogger(__name__)
 
 
@@ -26,6 +31,20 @@ class Progress:
 
     def epochs_done(self, batches_per_epoch: int) -> float:
         return self.epoch + self.batches_done / max(batches_per_epoch, 1)
+
+    def position(self, n_batches: int = 1) -> str:
+        """The next ``n_batches`` batches, as ``epoch 3 batch 117`` (``batch 117-118`` for two)."""
+        first = self.batches_done + 1
+        last = f"-{self.batches_done + n_batches}" if n_batches > 1 else ""
+        return f"epoch {self.epoch + 1} batch {first}{last}"
+
+    def count_step(self, seconds: float, tokens: int) -> None:
+        """An update was made: its time and target tokens; the run of skipped steps is over."""
+        self.bad_in_a_row, self.step_seconds, self.tgt_tokens = (
+            0,
+            self.step_seconds + seconds,
+            self.tgt_tokens + tokens,
+        )
 
     def evaluated_now(self) -> bool:
         """Whether the last evaluation scored the weights of this step."""
@@ -90,3 +109,15 @@ def log_window(p: Progress, window: LogWindow, total_steps: Optional[int]) -> Di
         eta(p, total_steps),
     )
     return scalars
+
+
+def describe_setup(model: str, params: int, device: torch.device, world: World, tc: TrainerConfig) -> str:
+    """The log line of what trains where: model, parameters, device, threads (and the DDP world)."""
+    line = f"model: {model}, {params:,} parameters, device {device}, {torch.get_num_threads()} threads"
+    if world.distributed:
+        backend = "NCCL" if device.type == "cuda" else "gloo"
+        line += (
+            f"; data parallel: world of {world.world_size} ranks ({backend}), each with batches of "
+            f"{tc.batch_tokens} tokens: {tc.batch_tokens * tc.accumulate * world.world_size} tokens per step"
+        )
+    return line

@@ -2,8 +2,10 @@
 accumulation), backward, gradient clipping, the learning rate of the step, the update. A step
 whose loss or gradient norm is not finite changes nothing: no update, no step counted."""
 
+import logging
 import math
-from typing import Callable, ContextManager, List
+from pathlib import Path
+from typing import Callable, ContextManager, List, Optional
 
 import torch
 from torch import nn
@@ -15,8 +17,10 @@ from training.config import TrainerConfig
 from training.distributed import World
 from training.evaluate import src_mask_of
 from training.loss import label_smoothed_nll
-from training.progress import StepStats
+from training.progress import Progress, StepStats
 from training.schedule import lr_at
+
+log = logging.getLogger(__name__)
 
 
 def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer:
@@ -87,3 +91,25 @@ def train_step(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return stats
+
+
+def count_skipped(p: Progress, stats: StepStats, where: str, max_bad_steps: int, last: Path) -> Optional[str]:
+    """Count a skipped step in ``p`` and log it; the error that stops the run when it makes
+    ``max_bad_steps`` in a row (``last`` is where the weights from before them are saved), else None."""
+    p.skipped_steps += 1
+    p.bad_in_a_row += 1
+    what = "loss" if not math.isfinite(stats.loss) else "gradient"
+    log.warning(
+        "non-finite %s on %s: update skipped (%d in a row, %d in all)",
+        what,
+        where,
+        p.bad_in_a_row,
+        p.skipped_steps,
+    )
+    if p.bad_in_a_row < max_bad_steps:
+        return None
+    return (
+        f"{p.bad_in_a_row} steps in a row with a non-finite loss or gradient (trainer.max_bad_steps), the last on "
+        f"{where}; {last} holds the weights of step {p.step}, before them: lower trainer.lr or check the data, "
+        "then resume with trainer.resume=auto"
+    )

@@ -1,15 +1,13 @@
-"""The training loop: ``train(cfg, out_dir) -> results`` is ``run(prepare(cfg, out_dir))``.
+"""The training loop: a ``Trainer`` holds a run's data, model, optimizer and progress, and
+``Trainer.fit`` trains them.
 
-``prepare`` checks and locks the run folder, builds a ``Trainer`` (data, model, optimizer, batch
-sampler) and restores ``trainer.resume``. ``Trainer.fit`` trains: each step is
-``training/step.py`` (loss, backward, clip, ``lr_at(step)``, skip of non-finite steps), each
-evaluation ``training/validation.py`` (validation scores, images, ``last.pt`` / ``best.pt``), and
-``training/stopping.py`` says when to stop (limits, early stopping, signals, agreed by all
-ranks). ``run`` then decodes the test splits with the best weights (``training/finish.py``).
+Each step is ``training/step.py`` (loss, backward, clip, ``lr_at(step)``, skip of non-finite
+steps), each evaluation ``training/validation.py`` (validation scores, images) followed by
+``last.pt`` / ``best.pt``, and ``training/stopping.py`` says when to stop (limits, early stopping,
+signals, agreed by all ranks). A whole run in its folder is ``training/run.py``.
 """
 
 import logging
-import math
 import random
 import time
 from dataclasses import asdict
@@ -18,13 +16,15 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from data.batching import Batch, TokenBucketSampler, collate
 from data.config import data_config
 from data.corpus import TRAIN
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
 from data.specials import PAD_ID
-from models.build import build_model, count_parameters
+from data.tokenizer import Tokenizer
+from models.build import ModelConfig, build_model, count_parameters
 from training import distributed
 from training.board import Board, NullBoard
 from training.checkpoint import (
@@ -38,12 +38,11 @@ from training.checkpoint import (
 )
 from training.config import model_config, trainer_config
 from training.device import autocast_for, pick_device, set_threads
-from training.finish import decode_tests, finish
-from training.progress import LogWindow, Progress, StepStats, log_window
+from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
 from training.resume import adopt_best, check_resumable, remove_stale_temporaries
-from training.run_folder import check_run_folder, claim_run_folder, resume_path, unlock_run_folder
+from training.run_folder import resume_path, unlock_run_folder
 from training.signals import Interrupted, StopRequest
-from training.step import make_optimizer, train_step
+from training.step import count_skipped, make_optimizer, train_step
 from training.stopping import agree, stop_reason, total_steps
 from training.validation import draw_samples, log_scores, record, validate
 
@@ -59,6 +58,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def model_for(model_cfg: ModelConfig, tokenizer: Tokenizer) -> nn.Module:
+    """The model of ``model_cfg`` for the tokenizer's vocabularies (with separate vocabularies the
+    source and target embeddings cannot be shared, whatever ``model.share_embeddings`` says)."""
+    if not tokenizer.joint and model_cfg.share_embeddings:
+        log.info(
+            "separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared"
+        )
+        model_cfg.share_embeddings = False
+    return build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, PAD_ID)
+
+
 class Trainer:
     """A run's data, model, optimizer and progress, and the loop that trains them (``fit``)."""
 
@@ -69,20 +79,11 @@ class Trainer:
         set_threads(self.device, self.tc.num_threads)
         distributed.init(self.world, self.device)
         seed_everything(cfg.seed)  # the same initial weights on every rank (DDP checks that they agree)
-        with distributed.main_first(
-            self.world
-        ):  # rank 0 trains and caches the tokenizer; the others then read it
+        # rank 0 trains and caches the tokenizer; the others then read it
+        with distributed.main_first(self.world):
             self.data: PreparedData = prepare_data(data_config(cfg.data))
         self.model_cfg = model_config(cfg.model)
-        tok = self.data.tokenizer
-        if not tok.joint and self.model_cfg.share_embeddings:
-            log.info(
-                "separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared"
-            )
-            self.model_cfg.share_embeddings = False
-        self.model = build_model(self.model_cfg, tok.src_vocab_size, tok.tgt_vocab_size, PAD_ID).to(
-            self.device
-        )
+        self.model = model_for(self.model_cfg, self.data.tokenizer).to(self.device)
         self.params = count_parameters(self.model)
         self.optimizer = make_optimizer(self.model, self.tc)
         self.autocast = autocast_for(self.device, self.tc.amp)
@@ -91,10 +92,9 @@ class Trainer:
         self.forward = torch.compile(self.ddp) if self.tc.compile else self.ddp
         if self.world.distributed:
             torch.manual_seed(cfg.seed * 1000 + self.world.rank)  # each rank its own dropout masks
-        train = self.data.datasets[TRAIN]
+        lengths = self.data.datasets[TRAIN].src_lengths(), self.data.datasets[TRAIN].tgt_lengths()
         self.sampler = TokenBucketSampler(
-            train.src_lengths(),
-            train.tgt_lengths(),
+            *lengths,
             self.tc.batch_tokens,
             seed=cfg.seed,
             rank=self.world.rank,
@@ -148,9 +148,8 @@ class Trainer:
         if self.world.main:
             adopt_best(path, self.ckpt_dir)
             remove_stale_temporaries(self.ckpt_dir)
-        self.progress.bad_in_a_row = (
-            0  # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
-        )
+        # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
+        self.progress.bad_in_a_row = 0
         self.resumed = True
         p = self.progress
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, p.epoch + 1, p.batches_done)
@@ -182,9 +181,7 @@ class Trainer:
         batches = self.epoch_batches()
         while p.batches_done < len(batches):
             group = batches[p.batches_done : p.batches_done + tc.accumulate]
-            where = f"epoch {p.epoch + 1} batch {p.batches_done + 1}" + (
-                f"-{p.batches_done + len(group)}" if len(group) > 1 else ""
-            )
+            where = p.position(len(group))  # for messages: "epoch 3 batch 117"
             tick = time.perf_counter()
             stats = self.train_step([self.collate(indices) for indices in group])
             seconds = time.perf_counter() - tick
@@ -194,11 +191,7 @@ class Trainer:
             if stats.skipped:
                 self.skip_bad_step(stats, where)  # the step counter stays: no evaluation is due
             else:
-                p.bad_in_a_row, p.step_seconds, p.tgt_tokens = (
-                    0,
-                    p.step_seconds + seconds,
-                    p.tgt_tokens + stats.tokens,
-                )
+                p.count_step(seconds, stats.tokens)
                 self.window.add(stats, seconds)
                 if p.step % tc.log_every == 0:
                     self.log_steps()
@@ -253,24 +246,13 @@ class Trainer:
 
     def skip_bad_step(self, stats: StepStats, where: str) -> None:
         """Count a skipped update; too many in a row stop the run, with last.pt from before them."""
-        p = self.progress
-        p.skipped_steps += 1
-        p.bad_in_a_row += 1
-        log.warning(
-            "non-finite %s on %s: update skipped (%d in a row, %d in all)",
-            "gradient" if math.isfinite(stats.loss) else "loss",
-            where,
-            p.bad_in_a_row,
-            p.skipped_steps,
+        too_many = count_skipped(
+            self.progress, stats, where, self.tc.max_bad_steps, self.ckpt_dir / "last.pt"
         )
-        self.board.scalars({"train/skipped_steps": p.skipped_steps}, p.step)
-        if p.bad_in_a_row >= self.tc.max_bad_steps:
+        self.board.scalars({"train/skipped_steps": self.progress.skipped_steps}, self.progress.step)
+        if too_many:
             self.save_last()
-            raise TrainingError(
-                f"{p.bad_in_a_row} steps in a row with a non-finite loss or gradient (trainer.max_bad_steps), the "
-                f"last on {where}; {self.ckpt_dir / 'last.pt'} holds the weights of step {p.step}, before them: "
-                "lower trainer.lr or check the data, then resume with trainer.resume=auto"
-            )
+            raise TrainingError(too_many)
 
     # ----- stopping -----
     def agreed_stop(self, max_steps: Optional[int], signal_only: bool = False) -> Optional[str]:
@@ -352,23 +334,8 @@ class Trainer:
         unlock_run_folder(self.out_dir)
 
     def log_start(self) -> None:
-        stats = dict(self.data.stats, batches=batch_stats(self.sampler))
-        log.info("%s", format_stats(stats))
-        log.info(
-            "model: %s, %s parameters, device %s, %d threads",
-            self.model_cfg.name,
-            f"{self.params:,}",
-            self.device,
-            torch.get_num_threads(),
-        )
-        if self.world.distributed:
-            log.info(
-                "data parallel: world of %d ranks (%s), each with batches of %d tokens: %d tokens per step",
-                self.world.world_size,
-                "NCCL" if self.device.type == "cuda" else "gloo",
-                self.tc.batch_tokens,
-                self.tc.batch_tokens * self.tc.accumulate * self.world.world_size,
-            )
+        log.info("%s", format_stats(dict(self.data.stats, batches=batch_stats(self.sampler))))
+        log.info("%s", describe_setup(self.model_cfg.name, self.params, self.device, self.world, self.tc))
 
     def log_steps(self) -> None:
         """Log the steps since the last log line (a line and the ``train/*`` scalars), if any."""
@@ -376,40 +343,3 @@ class Trainer:
             total = total_steps(self.tc, len(self.sampler))
             self.board.scalars(log_window(self.progress, self.window, total), self.progress.step)
             self.window = LogWindow()
-
-
-def prepare(cfg: DictConfig, out_dir: Path) -> Trainer:
-    """Check and lock the run folder, load the data, build the model and restore ``trainer.resume``:
-    every refusal happens here, before anything is written into ``out_dir``."""
-    out_dir = Path(out_dir)
-    try:
-        if distributed.world_from_env().main:
-            claim_run_folder(out_dir, cfg.trainer.get("resume"))
-        else:  # rank 0 holds the folder; the others check what it holds
-            check_run_folder(out_dir, cfg.trainer.get("resume"))
-        trainer = Trainer(cfg, out_dir)
-        trainer.resume()
-    except BaseException:
-        unlock_run_folder(out_dir)
-        raise
-    return trainer
-
-
-def run(trainer: Trainer) -> Optional[Dict[str, Any]]:
-    """Train a prepared run, decode the test splits with the best weights and write checkpoints,
-    TensorBoard events, hypotheses and ``results.json`` into its folder; return the results.
-    SIGINT / SIGTERM stop it cleanly from here on (``training/signals.py``)."""
-    try:
-        with StopRequest() as trainer.stop:
-            reason = trainer.fit()
-            log.info("training stopped: %s", reason)
-            test = decode_tests(trainer)
-        return finish(trainer, test)
-    finally:
-        trainer.stop = None
-        trainer.close()
-
-
-def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
-    """Train the model ``cfg`` describes in the run folder ``out_dir``: ``run(prepare(...))``."""
-    return run(prepare(cfg, out_dir))

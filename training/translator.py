@@ -25,7 +25,8 @@ from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from models.alignment import hard_alignment, piece_words, word_attention
 from models.masks import padding_mask_from_ids
-from models.search import MAX_LEN_EXTRA, MAX_LEN_RATIO, Hypothesis, search
+from models.search import Hypothesis, search
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
 from training.checkpoint import load_model
 from training.device import pick_device
 from training.evaluate import detokenize
@@ -72,18 +73,6 @@ def default_alpha(payload: Dict[str, Any]) -> float:
     return 1.0 if value is None else float(value)
 
 
-def check_options(beam: int, nbest: int, alpha: float, batch_size: int) -> None:
-    """Raise ``ValueError`` naming the first bad argument of ``Translator.translate``."""
-    if beam < 1:
-        raise ValueError(f"beam={beam}: the beam size must be at least 1")
-    if not 1 <= nbest <= beam:
-        raise ValueError(f"nbest={nbest}: must be between 1 and the beam size ({beam})")
-    if alpha < 0:
-        raise ValueError(f"alpha={alpha}: the length penalty must be >= 0")
-    if batch_size < 1:
-        raise ValueError(f"batch_size={batch_size}: must be at least 1")
-
-
 class Translator:
     """A model and its tokenizer on one device, turning lists of sentences into translations."""
 
@@ -126,7 +115,11 @@ class Translator:
         if isinstance(sentences, str):
             raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
         alpha = self.alpha if alpha is None else alpha
-        check_options(beam, nbest, alpha, batch_size)
+        check_options(
+            beam_size=beam, nbest=nbest, alpha=alpha, max_len_ratio=max_len_ratio, max_len_extra=max_len_extra
+        )
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}: must be at least 1")
         options = dict(
             beam_size=beam,
             alpha=alpha,
