@@ -157,8 +157,10 @@ def read_input(args: argparse.Namespace) -> List[str]:
 def show_warnings() -> None:
     """The translator's warnings (over-long inputs) as ``warning: ...`` lines on standard error."""
     logger = logging.getLogger("training.translator")
-    if any(handler.name == "translate.py" for handler in logger.handlers):
-        return  # main() ran before in this process
+    for handler in logger.handlers:
+        if handler.name == "translate.py":  # main() ran before in this process
+            handler.setStream(sys.stderr)  # today's standard error
+            return
     handler = logging.StreamHandler(sys.stderr)
     handler.name = "translate.py"
     handler.setLevel(logging.WARNING)

@@ -2,6 +2,7 @@
 line with them before it loads a model, the library (``models/search.py``, the Translator) checks
 its arguments with them, and both share the length-limit defaults."""
 
+import inspect
 from typing import Optional, Tuple
 
 MAX_LEN_RATIO = 1.5  # the longest output: this times the source length (EOS included) ...
@@ -35,4 +36,6 @@ def check_options(**options: float) -> None:
     problem = option_problem(**options)
     if problem is not None:
         name, what = problem
-        raise ValueError(f"{name}={options.get(name)}: {what}")
+        given = inspect.signature(option_problem).bind(**options)
+        given.apply_defaults()
+        raise ValueError(f"{name}={given.arguments[name]}: {what}")

@@ -1,4 +1,5 @@
-"""Shared fixtures. The real Multi30k data is found through one fixture, ``multi30k_dir``."""
+"""Shared fixtures (the shared plain functions are in helpers.py). The real Multi30k data is found
+through one fixture, ``multi30k_dir``."""
 
 import os
 from pathlib import Path
@@ -6,39 +7,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY_RNN = [
-    "model=rnn",
-    "model.embed_dim=32",
-    "model.hidden_size=32",
-    "model.attention_size=32",
-]  # 50k parameters
-
-
-def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
-    """``train.py`` overrides of a quick run of the tiny RNN in ``run_dir``: no epoch limit, no
-    attention images, greedy test decoding, one thread; ``extra`` sets the steps and the rest."""
-    return [
-        f"hydra.run.dir={run_dir}",
-        f"data.root={data_root}",
-        f"data.cache_dir={cache}",
-        "data.vocab_size=500",
-        *TINY_RNN,
-        "trainer.max_epochs=null",
-        "trainer.attention_samples=0",
-        "trainer.beam_size=1",
-        "trainer.num_threads=1",
-        *extra,
-    ]
-
-
-def scalars(tb_dir: Path, tag: str):
-    """``{step: value}`` of one scalar tag in a run's TensorBoard events (all of them kept)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
-    events.Reload()
-    return [(e.step, e.value) for e in events.Scalars(tag)]
+from helpers import LEARNING_FAMILIES, LEARNING_PAIRS, ROOT, compose, write_slice
 
 
 @pytest.fixture
@@ -94,20 +63,6 @@ def multi30k_config(multi30k_dir):
     return make
 
 
-def write_slice(source: Path, target: Path, sizes) -> Path:
-    """Copy the first ``sizes[split]`` lines of each split of a raw-layout folder into ``target``."""
-    from data.corpus import read_lines, split_files
-
-    target.mkdir(parents=True, exist_ok=True)
-    for split, langs in split_files(source).items():
-        if split not in sizes:
-            continue
-        for lang, path in langs.items():
-            lines = read_lines(path)[: sizes[split]]
-            (target / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return target
-
-
 @pytest.fixture(scope="session")
 def multi30k_slice(multi30k_dir, tmp_path_factory) -> Path:
     """A small real slice of Multi30k in the raw layout: 400 train, 40 val, 30 test pairs."""
@@ -118,43 +73,8 @@ def multi30k_slice(multi30k_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def compose_config():
-    """Compose ``conf/config.yaml`` with overrides through Hydra's compose API."""
-    from hydra import compose, initialize_config_dir
-
-    from training.config import register_configs
-
-    register_configs()
-
-    def make(overrides):
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            return compose("config", overrides=list(overrides))
-
-    return make
-
-
-LEARNING_PAIRS = 200
-LEARNING_FAMILIES = {
-    "transformer": [
-        "model=transformer",
-        "model.d_model=128",
-        "model.n_heads=4",
-        "model.ff_size=256",
-        "model.encoder_layers=2",
-        "model.decoder_layers=2",
-        "model.dropout=0.0",
-        "trainer.lr=2e-3",
-        "trainer.max_steps=300",
-    ],
-    "rnn": [
-        "model=rnn",
-        "model.embed_dim=128",
-        "model.hidden_size=128",
-        "model.attention_size=128",
-        "model.dropout=0.0",
-        "trainer.lr=5e-3",
-        "trainer.max_steps=300",
-    ],
-}
+    """Compose ``conf/config.yaml`` with overrides through Hydra's compose API (``helpers.compose``)."""
+    return compose
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ sentence a line) and ``tb/`` (TensorBoard events; compare.py reads ``valid/bleu`
 ``valid/train_seconds``). tests/test_compare.py holds this format to a real ``train.py -m`` sweep.
 """
 
+import copy
 import functools
 import importlib.util
 import json
@@ -25,22 +26,28 @@ Curve = Sequence[Tuple[int, float, float]]  # (step, training seconds, valid BLE
 
 def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` as a module (once per session), to call its functions and ``main(argv)``."""
-    key = f"scripts_{name}"
+    return load_module(f"scripts/{name}")
+
+
+def load_module(path: str) -> ModuleType:
+    """``<path>.py`` of the repository (an entry point or a script) as a module, once per session."""
+    key = path.replace("/", "_")
     if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, ROOT / "scripts" / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(key, ROOT / f"{path}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
         spec.loader.exec_module(module)
     return sys.modules[key]
 
 
-def compose(overrides: Iterable[str]):
-    """``conf/config.yaml`` composed with ``overrides`` as ``train.py`` gets it (no ``hydra`` node)."""
-    return _compose(tuple(overrides)).copy()
+def compose(overrides: Iterable[str], hydra_config: bool = False):
+    """``conf/config.yaml`` composed with ``overrides`` through Hydra's compose API, as ``train.py``
+    gets it (with ``hydra_config`` also the ``hydra`` node: sweeps, launchers, folder names)."""
+    return copy.deepcopy(_compose(tuple(overrides), hydra_config))  # callers may change their copy
 
 
 @functools.lru_cache(maxsize=None)
-def _compose(overrides: Tuple[str, ...]):
+def _compose(overrides: Tuple[str, ...], hydra_config: bool):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -48,7 +55,7 @@ def _compose(overrides: Tuple[str, ...]):
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+        return hydra_compose("config", overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> Path:
@@ -134,3 +141,78 @@ def drop_words(refs: Sequence[str], every: int) -> List[str]:
     """A worse system's output: the words at positions 0, ``every``, ``2 * every``, ... of each line
     dropped."""
     return [" ".join(w for i, w in enumerate(line.split()) if i % every) for line in refs]
+
+
+TINY_RNN = [
+    "model=rnn",
+    "model.embed_dim=32",
+    "model.hidden_size=32",
+    "model.attention_size=32",
+]  # 50k parameters
+
+
+def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
+    """``train.py`` overrides of a quick run of the tiny RNN in ``run_dir``: no epoch limit, no
+    attention images, greedy test decoding, one thread; ``extra`` sets the steps and the rest."""
+    return [
+        f"hydra.run.dir={run_dir}",
+        f"data.root={data_root}",
+        f"data.cache_dir={cache}",
+        "data.vocab_size=500",
+        *TINY_RNN,
+        "trainer.max_epochs=null",
+        "trainer.attention_samples=0",
+        "trainer.beam_size=1",
+        "trainer.num_threads=1",
+        *extra,
+    ]
+
+
+def scalars(tb_dir: Path, tag: str):
+    """``{step: value}`` of one scalar tag in a run's TensorBoard events (all of them kept)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+def write_slice(source: Path, target: Path, sizes) -> Path:
+    """Copy the first ``sizes[split]`` lines of each split of a raw-layout folder into ``target``."""
+    from data.corpus import read_lines, split_files
+
+    target.mkdir(parents=True, exist_ok=True)
+    for split, langs in split_files(source).items():
+        if split not in sizes:
+            continue
+        for lang, path in langs.items():
+            lines = read_lines(path)[: sizes[split]]
+            (target / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return target
+
+
+LEARNING_PAIRS = 200
+
+
+LEARNING_FAMILIES = {
+    "transformer": [
+        "model=transformer",
+        "model.d_model=128",
+        "model.n_heads=4",
+        "model.ff_size=256",
+        "model.encoder_layers=2",
+        "model.decoder_layers=2",
+        "model.dropout=0.0",
+        "trainer.lr=2e-3",
+        "trainer.max_steps=300",
+    ],
+    "rnn": [
+        "model=rnn",
+        "model.embed_dim=128",
+        "model.hidden_size=128",
+        "model.attention_size=128",
+        "model.dropout=0.0",
+        "trainer.lr=5e-3",
+        "trainer.max_steps=300",
+    ],
+}

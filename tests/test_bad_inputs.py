@@ -4,9 +4,11 @@ Each case asserts the message, the non-zero exit and that the earlier run in the
 untouched: every file byte for byte, except ``train.log``, which may only have lines appended
 (Hydra opens it before ``train.py`` runs; the refusal is logged there too).
 
-Config values that ``prepare`` refuses are checked in this process (``prepare`` on a copy of the
-run), with one of them through the command line for its exit code and one ``error:`` line; keys
-and types that Hydra refuses while composing are in test_config.py.
+Config values, data and checkpoints that ``prepare`` refuses are checked in this process
+(``prepare`` on a copy of the run); the command line's exit code and one ``error:`` line are
+checked with the refusals that come before ``prepare`` (the run folder's checks, in the Hydra
+callback) and one of ``prepare``'s. Keys and types that Hydra refuses while composing are in
+test_config.py.
 """
 
 import json
@@ -22,9 +24,11 @@ import pytest
 import torch
 from omegaconf.errors import ConfigKeyError
 
+from data.errors import DataError
+from training.checkpoint import CheckpointError
 from training.run import prepare
 
-from conftest import ROOT, tiny_run
+from helpers import ROOT, tiny_run
 
 TINY_STEPS = ["trainer.batch_tokens=1000", "trainer.max_steps=6", "trainer.eval_every=3"]
 
@@ -72,36 +76,9 @@ CASES = [
         "error: unknown config key trainer.frobnicate",
     ),
     (
-        "data folder missing",
-        ["trainer.resume=auto", "data.root={nothing}"],
-        "error: data folder {nothing} does not exist",
-    ),
-    (
-        "mismatched line counts",
-        ["trainer.resume=auto", "data.root={short}"],
-        "has 400 lines but {short}/train.en has 399",
-    ),
-    ("empty training split", ["trainer.resume=auto", "data.root={empty}"], "error: the training split of"),
-    (
-        "vocabulary too large",
-        ["trainer.resume=auto", "data.vocab_size=100000"],
-        "error: data.vocab_size=100000 does not fit this training data",
-    ),
-    (
         "resume=auto with nothing to resume",
         ["hydra.run.dir={fresh}", "trainer.resume=auto"],
         "error: trainer.resume=auto: nothing to resume",
-    ),
-    (
-        "resume with a changed model config",
-        ["trainer.resume=auto", "model.hidden_size=64", "model.dropout=0.1"],
-        "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 32, now 64)",
-    ),
-    (
-        "resume with other batches",
-        ["trainer.resume=auto", "trainer.batch_tokens=1200", "seed=2"],
-        "other settings that decide the batches: seed (checkpoint 1, now 2), "
-        "trainer.batch_tokens (checkpoint 1000, now 1200)",
     ),
     (
         "new run in a finished run's folder",
@@ -152,24 +129,58 @@ def test_bad_input_is_refused_and_the_earlier_run_survives(
     assert not (tmp_path / "fresh").exists()
 
 
-# (case, overrides, error, expected text): refused by prepare() while continuing the finished run.
-CONFIG_CASES = [
+# (case, overrides, error, expected text): refused by prepare() while continuing the finished run
+# (trainer.resume=auto); {nothing}: no folder, {short} / {empty}: slices with a fault.
+PREPARE_CASES = [
     ("unknown data key", ["+data.srcc=de"], ConfigKeyError, "unknown config key data.srcc"),
     ("unknown model key", ["+model.frobnicate=1"], ConfigKeyError, "unknown config key model.frobnicate"),
     ("out of range", ["trainer.keep_last=0"], ValueError, "trainer.keep_last must be at least 1, got 0"),
+    ("data folder missing", ["data.root={nothing}"], DataError, "data folder {nothing} does not exist"),
+    (
+        "mismatched line counts",
+        ["data.root={short}"],
+        DataError,
+        "has 400 lines but {short}/train.en has 399",
+    ),
+    ("empty training split", ["data.root={empty}"], DataError, "the training split of"),
+    (
+        "vocabulary too large",
+        ["data.vocab_size=100000"],
+        DataError,
+        "data.vocab_size=100000 does not fit this training data",
+    ),
+    (
+        "resume with a changed model config",
+        ["model.hidden_size=64", "model.dropout=0.1"],
+        CheckpointError,
+        "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 32, now 64)",
+    ),
+    (
+        "resume with other batches",
+        ["trainer.batch_tokens=1200", "seed=2"],
+        CheckpointError,
+        "other settings that decide the batches: seed (checkpoint 1, now 2), "
+        "trainer.batch_tokens (checkpoint 1000, now 1200)",
+    ),
 ]
 
 
-@pytest.mark.parametrize("case, overrides, error, expected", CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
-def test_a_bad_config_value_is_refused_before_the_earlier_run_is_touched(
+@pytest.mark.parametrize("case, overrides, error, expected", PREPARE_CASES, ids=[c[0] for c in PREPARE_CASES])
+def test_bad_config_or_data_is_refused_before_the_earlier_run_is_touched(
     case, overrides, error, expected, finished_run, multi30k_slice, compose_config, tmp_path
 ):
     earlier, cache = finished_run
     run = tmp_path / "run"
     shutil.copytree(earlier, run)
     before = snapshot(run)
+    names = {"nothing": tmp_path / "nothing"}
+    if "{short}" in " ".join(overrides):
+        names["short"] = bad_data(multi30k_slice, tmp_path / "short", "short_target")
+    if "{empty}" in " ".join(overrides):
+        names["empty"] = bad_data(multi30k_slice, tmp_path / "empty", "empty_train")
     args = [o for o in tiny_run(run, multi30k_slice, cache, *TINY_STEPS) if not o.startswith("hydra.")]
-    cfg = compose_config([*args, "trainer.resume=auto", *overrides])
+    cfg = compose_config([*args, "trainer.resume=auto", *[o.format(**names) for o in overrides]])
+    expected = expected.format(**names)
     threads = torch.get_num_threads()  # prepare sets this process's threads before it reads the data config
     try:
         with pytest.raises(error, match=re.escape(expected)):

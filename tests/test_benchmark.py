@@ -3,9 +3,12 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
+
+from helpers import ROOT
+
+pytestmark = pytest.mark.slow  # a real benchmark run (and the trained slice models)
 
 
 def test_train_benchmark_measures_throughput_memory_and_decoding(

@@ -416,7 +416,7 @@ def test_bad_options_are_refused_by_the_command_line(tmp_path):
 def test_a_real_sweep_has_the_format_these_tests_write_and_compares(multi30k_slice, refs, tmp_path):
     """``train.py -m model=rnn seed=1,2`` (two tiny runs of 2 steps): one folder per job, one shared
     vocabulary, the files of tests/helpers.py ``write_run`` with the same keys; compare.py reads it."""
-    from conftest import TINY_RNN
+    from helpers import TINY_RNN
 
     sweep = tmp_path / "multirun"
     done = subprocess.run(

@@ -1,10 +1,7 @@
 """The Hydra config (conf/, training/config.py): every option composes and builds; typos fail early."""
 
-from pathlib import Path
-
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
@@ -13,9 +10,11 @@ from data.config import DataConfig, data_config
 from data.specials import BOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
-from training.config import TrainerConfig, model_config, register_configs, trainer_config
+from training.config import TrainerConfig, model_config, trainer_config
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+from helpers import ROOT, compose
+
+CONF = ROOT / "conf"
 
 
 def options(group: str):
@@ -23,9 +22,7 @@ def options(group: str):
 
 
 def compose_config(*overrides: str):
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+    return compose(overrides)
 
 
 def test_every_group_has_options():
@@ -195,9 +192,7 @@ def test_model_config_of_a_plain_node_checks_the_name():
     "experiment,src,tgt", [("compare_multi30k", "de", "en"), ("compare_multi30k_en_de", "en", "de")]
 )
 def test_comparison_experiments_sweep_both_families_on_one_direction(experiment, src, tgt):
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"+experiment={experiment}"], return_hydra_config=True)
+    cfg = compose([f"+experiment={experiment}"], hydra_config=True)
     assert (cfg.data.name, cfg.data.src, cfg.data.tgt, cfg.seed) == ("multi30k", src, tgt, 1)
     assert cfg.hydra.sweeper.params == {"model": "rnn,transformer"}
     assert cfg.hydra.sweep.dir.startswith(f"multirun/{experiment}/")
@@ -209,11 +204,7 @@ def test_the_slurm_launcher_config_composes():
     pytest.importorskip(
         "hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (optional)"
     )
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(
-            config_name="config", overrides=["hydra/launcher=slurm", "model=rnn"], return_hydra_config=True
-        )
+    cfg = compose(["hydra/launcher=slurm", "model=rnn"], hydra_config=True)
     launcher = cfg.hydra.launcher
     assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.timeout_min) == (1, 1, 240)

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, scalars, tiny_run
+from helpers import ROOT, scalars, tiny_run
 
 STEPS = 6
+
+pytestmark = pytest.mark.slow  # torchrun jobs of two ranks
 
 
 def overrides(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):

@@ -9,9 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
-from conftest import ROOT, scalars, tiny_run
+from helpers import ROOT, scalars, tiny_run
+
+pytestmark = pytest.mark.slow  # real train.py runs in subprocesses, stopped, killed and resumed
 
 
 def command(run_dir: Path, slice_dir: Path, cache: Path, *extra: str):

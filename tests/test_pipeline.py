@@ -1,7 +1,4 @@
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
@@ -11,9 +8,10 @@ from data.corpus import load_folder
 from data.errors import DataError
 from data.pipeline import batch_stats, format_stats, prepare_data
 from data.tokenizer import normalize
-from training.config import register_configs
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+from helpers import ROOT, compose
+
+CONF = ROOT / "conf"
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +57,7 @@ def test_empty_training_split_is_an_error(tmp_path):
 
 
 def compose_data(overrides):
-    register_configs()  # conf/config.yaml starts from the registered schemas
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=overrides)
+    return compose(overrides)
 
 
 @pytest.mark.parametrize("option", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))

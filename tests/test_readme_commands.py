@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from helpers import ROOT, SPLIT, drop_words, write_run
+from helpers import ROOT, SPLIT, compose, drop_words, write_run
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 MAKEFILE = (ROOT / "Makefile").read_text(encoding="utf-8")
@@ -326,19 +326,15 @@ def expand_sweeps(overrides: List[str]) -> List[List[str]]:
 
 @pytest.mark.parametrize("command, overrides", train_overrides(), ids=[c for c, _ in train_overrides()])
 def test_every_documented_train_command_composes_a_config_train_accepts(command, overrides):
-    from hydra import compose, initialize_config_dir
-
     from data.config import data_config
-    from training.config import model_config, register_configs, trainer_config
+    from training.config import model_config, trainer_config
 
     if any(o.startswith("hydra/launcher=slurm") for o in overrides):
         pytest.importorskip(
             "hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher (optional)"
         )
-    register_configs()
     for run in expand_sweeps(overrides):
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-            cfg = compose("config", overrides=run, return_hydra_config=True)
+        cfg = compose(run, hydra_config=True)
         trainer_config(cfg.trainer)  # the readers train.py's prepare() uses: keys forced in with +, ranges
         data_config(cfg.data)
         model_config(cfg.model)

@@ -7,7 +7,7 @@ from data.corpus import TRAIN
 from training.checkpoint import load_checkpoint
 from training.trainer import Trainer
 
-from conftest import scalars
+from helpers import scalars
 
 TINY = [
     "model.d_model=32",

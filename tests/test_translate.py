@@ -1,10 +1,15 @@
-"""translate.py, run as users run it (a subprocess), with checkpoints of models trained in the session.
+"""translate.py with checkpoints of models trained in the session: its ``main(argv)`` in this process
+(standard input, output and error redirected: the whole command line but the start of Python and
+torch), and as users run it, in a subprocess, where the process itself matters (standard input
+from a pipe, a terminal, imports before the options are checked).
 
 The models of ``trained_slice_models`` (conftest.py) have memorised 200 Multi30k training pairs,
 so translating those sources must give back their references: a check of the whole path
 (checkpoint -> tokenizer -> batched search -> detokenized text in the input order).
 """
 
+import contextlib
+import io
 import logging
 import os
 import random
@@ -24,12 +29,13 @@ from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from training.translator import Translator
 
-from conftest import LEARNING_PAIRS, ROOT
+from helpers import LEARNING_PAIRS, ROOT, load_module
 
 FAMILIES = ["rnn", "transformer"]
 
 
-def translate(*args, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+def translate_process(*args, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python translate.py ARGS`` in a subprocess."""
     return subprocess.run(
         [sys.executable, "translate.py", *map(str, args)],
         cwd=ROOT,
@@ -38,6 +44,24 @@ def translate(*args, stdin: str = "", timeout: float = 120) -> subprocess.Comple
         text=True,
         timeout=timeout,
     )
+
+
+def translate(*args, stdin: str = "") -> subprocess.CompletedProcess:
+    """``translate.main(ARGS)`` in this process, with ``stdin`` as standard input; its exit code and
+    what it wrote, as a subprocess's."""
+    main = load_module("translate").main
+    out, err = io.StringIO(), io.StringIO()
+    saved_stdin = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as stop:  # argparse's errors
+                code = stop.code
+    finally:
+        sys.stdin = saved_stdin
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +103,7 @@ def test_arguments_and_standard_input_give_the_same_lines(trained_slice_models, 
     _, checkpoint, _ = trained_slice_models["transformer"]
     first, second = pairs[0][0], pairs[7][0]
     by_args = translate("--checkpoint", checkpoint, "--beam", 3, first, second)
-    by_stdin = translate("--checkpoint", checkpoint, "--beam", 3, stdin=f"{first}\n\n   \n{second}\n")
+    by_stdin = translate_process("--checkpoint", checkpoint, "--beam", 3, stdin=f"{first}\n\n   \n{second}\n")
     assert by_args.returncode == by_stdin.returncode == 0, by_args.stderr + by_stdin.stderr
     one, two = by_args.stdout.splitlines()
     assert by_stdin.stdout.splitlines() == [one, "", "", two]  # an empty (or blank) line gives an empty line
