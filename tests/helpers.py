@@ -1,12 +1,14 @@
-"""Test helpers shared by several test files (plain functions, not fixtures): finished run folders
-written in train.py's format, and the command-line scripts loaded as modules.
+"""Test helpers shared by several test files (plain functions and constants, not fixtures):
+composing the config, the tiny runs' overrides, TensorBoard scalars, slices of Multi30k, the
+scripts and entry points loaded as modules, and finished run folders written in train.py's format.
 
-A run folder as ``train.py`` leaves it (``training/finish.py``: ``results_of``, ``decode_tests``;
-``training/trainer.py``: the ``valid/*`` scalars of each evaluation; ``train.py``:
-``record_config``): ``results.json``, ``.hydra/config.yaml`` (the composed config) and
-``.hydra/overrides.yaml`` (the command line's overrides), ``<split>.hyp`` and ``<split>.ref`` (one
-sentence a line) and ``tb/`` (TensorBoard events; compare.py reads ``valid/bleu`` and
-``valid/train_seconds``). tests/test_compare.py holds this format to a real ``train.py -m`` sweep.
+A run folder as ``train.py`` leaves it (``training/finish.py``: ``results_of``;
+``training/run.py``: ``decode_tests``; ``training/trainer.py``: the ``valid/*`` scalars of each
+evaluation; ``train.py``: ``record_config``): ``results.json``, ``.hydra/config.yaml`` (the
+composed config) and ``.hydra/overrides.yaml`` (the command line's overrides), ``<split>.hyp``
+and ``<split>.ref`` (one sentence a line) and ``tb/`` (TensorBoard events; compare.py reads
+``valid/bleu`` and ``valid/train_seconds``). tests/test_compare.py holds this format to a real
+``train.py -m`` sweep.
 """
 
 import copy

@@ -4,7 +4,7 @@ is refused before anything is written.
 ``check_run_folder`` and the folder's lock (one process trains into a folder at a time) run twice:
 from the Hydra callback ``RunFolderCheck`` (``conf/config.yaml``, ``hydra.callbacks``), before
 Hydra creates the folder, opens ``train.log`` or does anything else there; and from
-``training.trainer.prepare`` (in-process callers and each job of a sweep).
+``training.run.prepare`` (in-process callers and each job of a sweep).
 """
 
 import fcntl
