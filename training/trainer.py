@@ -107,6 +107,7 @@ class Trainer:
         self.stop: Optional[StopRequest] = None  # set while run() handles signals
         self.resumed = False  # whether resume() restored a checkpoint
         self.window = LogWindow()  # the steps since the last log line
+        self.max_steps: Optional[int] = None  # the limit of the fit() in progress
         self.started = time.perf_counter()  # the clock of the loop; fit() sets it back by the time resumed
 
     # ----- state -----
@@ -161,21 +162,22 @@ class Trainer:
         the last weights are then evaluated and saved (unless ``evaluate_last`` is false: benchmarks).
         Returns why training stopped. Call ``close()`` when done with the trainer."""
         self.open_board()
+        self.max_steps = max_steps
         self.log_start()
         self.started = time.perf_counter() - self.progress.train_seconds
         try:
-            reason = self.agreed_stop(max_steps)
+            reason = self.agreed_stop()
             while reason is None:
-                reason = self.train_epoch(max_steps)
+                reason = self.train_epoch()
             if evaluate_last and not self.progress.evaluated_now():
                 self.evaluate()  # stopped between evaluations: score (and save) the last weights too
-            self.agreed_stop(max_steps, signal_only=True)  # a signal during that last evaluation
+            self.agreed_stop(signal_only=True)  # a signal during that last evaluation
         finally:
             self.progress.train_seconds = self.seconds()
             self.log_steps()  # the last steps of a run (or of a stop) are always logged
         return reason
 
-    def train_epoch(self, max_steps: Optional[int] = None) -> Optional[str]:
+    def train_epoch(self) -> Optional[str]:
         """Train on the rest of the current epoch; returns why training must stop, or None."""
         p, tc = self.progress, self.tc
         batches = self.epoch_batches()
@@ -197,7 +199,7 @@ class Trainer:
                     self.log_steps()
             if self.evaluation_due(stats):
                 self.evaluate()
-            reason = self.agreed_stop(max_steps)
+            reason = self.agreed_stop()
             if reason or p.batches_done == 0:  # a stop, or the epoch is over: the next one has its own order
                 return reason
         return None
@@ -255,12 +257,12 @@ class Trainer:
             raise TrainingError(too_many)
 
     # ----- stopping -----
-    def agreed_stop(self, max_steps: Optional[int], signal_only: bool = False) -> Optional[str]:
+    def agreed_stop(self, signal_only: bool = False) -> Optional[str]:
         """After a step, on every rank at once: a stop signal saves last.pt and raises ``Interrupted``;
         otherwise the reason to stop that rank 0 sees (None: go on)."""
         reason = None
         if self.world.main and not signal_only:
-            reason = stop_reason(self.tc, self.progress, self.seconds() / 60, max_steps)
+            reason = stop_reason(self.tc, self.progress, self.seconds() / 60, self.max_steps)
         signum, reason = agree(self.stop, reason, self.device)
         if signum is not None:
             self.interrupt()
@@ -340,6 +342,6 @@ class Trainer:
     def log_steps(self) -> None:
         """Log the steps since the last log line (a line and the ``train/*`` scalars), if any."""
         if self.window.count:
-            total = total_steps(self.tc, len(self.sampler))
+            total = total_steps(self.tc, len(self.sampler), self.max_steps)
             self.board.scalars(log_window(self.progress, self.window, total), self.progress.step)
             self.window = LogWindow()
