@@ -64,12 +64,13 @@ def output_limits(
 
 
 def top_log_probs(logits: Tensor, k: int, never: Tuple[int, ...]) -> Tuple[Tensor, Tensor]:
-    """The ``k`` most probable next tokens of each row: ``(N, V)`` logits -> log-probabilities ``(N, k)``
-    and token ids ``(N, k)``, best first. Tokens in ``never`` (BOS, PAD: not outputs) are never chosen
-    (the other tokens keep their probabilities: no renormalisation)."""
-    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
+    """The ``k`` most probable next tokens of each row (``R`` rows: ``A`` or ``A * K`` hypotheses):
+    ``(R, V)`` logits -> log-probabilities ``(R, k)`` and token ids ``(R, k)``, best first. Tokens in
+    ``never`` (BOS, PAD: not outputs) are never chosen (the other tokens keep their probabilities:
+    no renormalisation)."""
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
     log_probs[:, list(never)] = float("-inf")
-    return log_probs.topk(k, dim=-1)  # (N, k) each
+    return log_probs.topk(k, dim=-1)  # (R, k) each
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -90,7 +91,7 @@ def _keep_rows(rows: Tensor, state: Any, *tensors: Optional[Tensor]) -> Tuple[An
 
 
 def _append(history: Optional[Tensor], step: Optional[Tensor]) -> Optional[Tensor]:
-    """``(N, t, ...)`` + ``(N, ...)`` -> ``(N, t + 1, ...)``; None when there is nothing to record."""
+    """``(R, t, ...)`` + ``(R, ...)`` -> ``(R, t + 1, ...)``; None when there is nothing to record."""
     if step is None:
         return None
     step = step.unsqueeze(1)
