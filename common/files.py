@@ -6,7 +6,7 @@ tools use it before (or without) loading models."""
 import os
 import tempfile
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Iterable, Optional
 
 
 def current_umask() -> int:
@@ -63,3 +63,10 @@ class AtomicFile:
             self.commit()
         else:
             self.discard()
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> None:
+    """A text file of ``lines``, one a line (UTF-8), written whole or not at all."""
+    with AtomicFile(path) as out:
+        for line in lines:
+            out.write(line + "\n")

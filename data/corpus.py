@@ -16,10 +16,10 @@ import socket
 import threading
 import zlib
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 from urllib.parse import urlparse
 
-from common.files import AtomicFile
+from common.files import write_lines
 from data.config import DataConfig, FilePair, HubConfig
 from data.errors import DataError
 
@@ -204,7 +204,7 @@ def download_hub(cfg: DataConfig, folder: Path) -> None:
         for lang in (cfg.src, cfg.tgt):
             _check_language(records[0] if len(records) else {}, hub.field, lang, where)
             texts = (_record_text(record, hub.field, lang) for record in records)
-            _write_lines(folder / f"{ours}.{lang}", texts)
+            write_lines(folder / f"{ours}.{lang}", texts)  # a file present is complete
 
 
 def _check_language(record: dict, field: Optional[str], lang: str, where: str) -> None:
@@ -217,13 +217,6 @@ def _check_language(record: dict, field: Optional[str], lang: str, where: str) -
 
 def _record_text(record: dict, field: Optional[str], lang: str) -> str:
     return (record[field] if field else record)[lang].replace("\n", " ")
-
-
-def _write_lines(path: Path, lines: Iterable[str]) -> None:
-    """Write a text file whole or not at all: a file present is complete."""
-    with AtomicFile(path) as stream:
-        for line in lines:
-            stream.write(line + "\n")
 
 
 def load_corpus(cfg: DataConfig) -> Corpus:

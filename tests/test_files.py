@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.files import AtomicFile
+from common.files import AtomicFile, write_lines
 
 
 def leftovers(folder: Path, name: str):
@@ -113,3 +113,18 @@ def test_a_missing_folder_fails_at_once(tmp_path):
     with pytest.raises(FileNotFoundError):
         AtomicFile(tmp_path / "missing" / "out.txt")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_write_lines_writes_one_line_each_and_keeps_the_old_file_when_the_lines_fail(tmp_path):
+    path = tmp_path / "test.hyp"
+    write_lines(path, ["Ein Mann.", "", "Zwei Hunde."])
+    assert path.read_text(encoding="utf-8") == "Ein Mann.\n\nZwei Hunde.\n"
+
+    def failing():
+        yield "half"
+        raise RuntimeError("decoding failed")
+
+    with pytest.raises(RuntimeError):
+        write_lines(path, failing())
+    assert path.read_text(encoding="utf-8") == "Ein Mann.\n\nZwei Hunde.\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["test.hyp"]

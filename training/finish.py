@@ -11,17 +11,13 @@ from typing import Any, Callable, ContextManager, Dict, Optional
 import torch
 from torch import nn
 
-from common.files import AtomicFile
+from common.files import AtomicFile, write_lines
 from data.pipeline import PreparedData
 from training.evaluate import translate_split
 from training.metrics import corpus_scores, signatures
 from training.progress import Progress
 
 log = logging.getLogger(__name__)
-
-
-def write_lines(path: Path, lines) -> None:
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
 
 
 def decode_test_split(

@@ -321,12 +321,12 @@ class Trainer:
     def open_board(self) -> None:
         """The run's TensorBoard writer (rank 0; the other ranks write nothing). A resumed run appends
         to its TensorBoard run; events its previous life logged after the checkpoint are dropped."""
-        if self.board is None and self.world.main:
-            self.board = Board(
-                self.out_dir / "tb", purge_step=self.progress.step + 1 if self.resumed else None
-            )
-        elif self.board is None:
+        if self.board is not None:
+            return
+        if not self.world.main:
             self.board = NullBoard()
+            return
+        self.board = Board(self.out_dir / "tb", purge_step=self.progress.step + 1 if self.resumed else None)
 
     def close(self) -> None:
         """Close the board and release the run folder."""
