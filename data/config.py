@@ -48,6 +48,11 @@ class DataConfig:
     vocab_size: int = 8000
     joint_vocab: bool = True
     spm_model_type: str = "unigram"  # SentencePiece model: unigram or bpe
+    # Subword regularization (Kudo 2018): each epoch segments every training sentence anew, sampled
+    # by SentencePiece with this alpha (unigram: smoothing of the segmentation probabilities, 0.1-0.5;
+    # bpe: BPE-dropout's drop rate, about 0.1), a function of (seed, epoch, pair); null: off.
+    # Validation and test text is never sampled.
+    sampling_alpha: Optional[float] = None
 
 
 def data_config(node) -> DataConfig:
@@ -57,4 +62,7 @@ def data_config(node) -> DataConfig:
     from common.settings import check_keys
 
     check_keys(node, DataConfig, "data")
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), node))
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), node))
+    if cfg.sampling_alpha is not None and not 0.0 < cfg.sampling_alpha <= 1.0:
+        raise ValueError(f"data.sampling_alpha must be in (0, 1] or null, got {cfg.sampling_alpha}")
+    return cfg

@@ -8,7 +8,7 @@ import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 from data.batching import ParallelDataset, TokenBucketSampler, padding_ratio
 from data.config import DataConfig
@@ -26,16 +26,17 @@ class PreparedData:
     sources: Dict[str, List[str]]  # raw source text of val and test_* (input order)
     references: Dict[str, List[str]]  # raw target text of val and test_*, for sacrebleu
     stats: Dict[str, object] = field(default_factory=dict)
+    # the training pairs' source and target text, kept for data.sampling_alpha only
+    train_text: Optional[Tuple[List[str], List[str]]] = None
 
     @property
     def test_splits(self) -> List[str]:
         return eval_split_names(self.datasets)
 
 
-def filter_long(src: List[List[int]], tgt: List[List[int]], max_len: int):
-    """Keep the pairs whose two sides have at most ``max_len`` subword tokens."""
-    keep = [i for i, (s, t) in enumerate(zip(src, tgt)) if len(s) <= max_len and len(t) <= max_len]
-    return [src[i] for i in keep], [tgt[i] for i in keep], len(src) - len(keep)
+def short_pairs(src: List[List[int]], tgt: List[List[int]], max_len: int) -> List[int]:
+    """The indices of the pairs whose two sides have at most ``max_len`` subword tokens."""
+    return [i for i, (s, t) in enumerate(zip(src, tgt)) if len(s) <= max_len and len(t) <= max_len]
 
 
 def prepare_data(cfg: DataConfig) -> PreparedData:
@@ -60,9 +61,9 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     vocab_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
-    src, tgt, n_long = filter_long(
-        tokenizer.encode_src([s for s, _ in train]), tokenizer.encode_tgt([t for _, t in train]), cfg.max_len
-    )
+    src, tgt = tokenizer.encode_src([s for s, _ in train]), tokenizer.encode_tgt([t for _, t in train])
+    keep = short_pairs(src, tgt, cfg.max_len)
+    src, tgt, n_long = [src[i] for i in keep], [tgt[i] for i in keep], len(src) - len(keep)
     if n_long:
         log.info("dropped %d training pairs longer than data.max_len=%d subword tokens", n_long, cfg.max_len)
     if not src:
@@ -92,7 +93,10 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
         "lengths": {split: length_stats(ds) for split, ds in datasets.items()},
         "seconds": {"load": load_seconds, "vocab": vocab_seconds, "encode": encode_seconds},
     }
-    return PreparedData(tokenizer, datasets, sources, references, stats)
+    train_text = None
+    if cfg.sampling_alpha is not None:
+        train_text = [train[i][0] for i in keep], [train[i][1] for i in keep]
+    return PreparedData(tokenizer, datasets, sources, references, stats, train_text)
 
 
 def length_stats(dataset: ParallelDataset) -> Dict[str, float]:

@@ -63,6 +63,13 @@ class Tokenizer:
     def encode_tgt(self, texts: Sequence[str]) -> List[List[int]]:
         return self.tgt.encode(list(texts), out_type=int)
 
+    def sample_src(self, text: str, alpha: float, seed: int) -> List[int]:
+        """One segmentation of ``text`` sampled with ``alpha``, the same for the same ``seed``."""
+        return sample(self.src, text, alpha, seed)
+
+    def sample_tgt(self, text: str, alpha: float, seed: int) -> List[int]:
+        return sample(self.tgt, text, alpha, seed)
+
     def decode_src(self, ids: Sequence[Sequence[int]]) -> List[str]:
         return self.src.decode([list(seq) for seq in ids])
 
@@ -83,6 +90,14 @@ class Tokenizer:
     @classmethod
     def from_state_dict(cls, state: Dict[str, Optional[bytes]]) -> "Tokenizer":
         return cls(state["src_model"], state["tgt_model"])
+
+
+def sample(model: spm.SentencePieceProcessor, text: str, alpha: float, seed: int) -> List[int]:
+    """SentencePiece's sampled encoding of one sentence (all segmentations, ``nbest_size=-1``).
+    SentencePiece draws from a generator of the calling thread, which the seed resets, so one
+    sentence at a time in this thread gives the same ids for the same seed."""
+    spm.set_random_generator_seed(seed)
+    return model.encode(text, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1)
 
 
 def spm_options(vocab_size: int, model_type: str) -> Dict[str, object]:

@@ -11,6 +11,7 @@ from data.specials import BOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
 from training.config import TrainerConfig, model_config, trainer_config
+from training.schedule import SCHEDULES
 
 from helpers import ROOT, compose
 
@@ -50,7 +51,7 @@ def test_every_model_option_composes_builds_and_runs(name):
 def test_every_trainer_option_composes(name):
     trainer = OmegaConf.to_object(compose_config(f"trainer={name}").trainer)
     assert isinstance(trainer, TrainerConfig)
-    assert trainer.schedule in ("inverse_sqrt", "exponential", "constant")
+    assert trainer.schedule in SCHEDULES
 
 
 @pytest.mark.parametrize("name", options("data"))
@@ -135,6 +136,11 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
         ("trainer.max_minutes=0", "trainer.max_minutes must be positive, got 0.0"),
         ("trainer.label_smoothing=1.0", "trainer.label_smoothing must be in [0, 1), got 1.0"),
         ("trainer.attention_samples=-1", "trainer.attention_samples must be 0 or more, got -1"),
+        ("trainer.schedule_steps=0", "trainer.schedule_steps must be at least 1, got 0"),
+        (
+            "trainer.schedule=step",
+            "trainer.schedule must be one of inverse_sqrt, exponential, constant, linear, cosine, got 'step'",
+        ),
     ],
 )
 def test_values_out_of_range_are_refused_naming_the_key(override, message):

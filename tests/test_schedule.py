@@ -2,19 +2,66 @@
 
 import pytest
 
-from training.schedule import SCHEDULES, lr_at
+from training.schedule import FITTED, OPEN_ENDED, SCHEDULES, lr_at
 
 LR, WARMUP = 1e-3, 100
 
 
+HORIZON = 1000
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_linear_warmup_to_the_peak(schedule):
-    rates = [lr_at(step, schedule, LR, WARMUP) for step in range(1, WARMUP + 1)]
+    rate = lambda step: lr_at(step, schedule, LR, WARMUP, horizon=HORIZON)  # noqa: E731
+    rates = [rate(step) for step in range(1, WARMUP + 1)]
     assert rates[0] == pytest.approx(LR / WARMUP)
     assert rates[WARMUP // 2 - 1] == pytest.approx(LR / 2)
     assert rates[-1] == pytest.approx(LR)
     assert all(a < b for a, b in zip(rates, rates[1:]))
-    assert max(lr_at(step, schedule, LR, WARMUP) for step in range(1, 1000)) == pytest.approx(LR)
+    assert max(rate(step) for step in range(1, HORIZON)) == pytest.approx(LR)
+
+
+@pytest.mark.parametrize("schedule", FITTED)
+@pytest.mark.parametrize("horizon", [7, 150, 1000, 99_991])
+def test_fitted_schedules_end_at_min_lr_on_the_last_step(schedule, horizon):
+    floor = 1e-5
+    rates = [
+        lr_at(step, schedule, LR, WARMUP, min_lr=floor, horizon=horizon) for step in range(1, horizon + 3)
+    ]
+    assert max(rates) == pytest.approx(LR)
+    assert rates[horizon - 1] == pytest.approx(floor)  # step ``horizon``: the run's last
+    assert rates[horizon - 2] > floor  # not before
+    assert rates[horizon:] == [pytest.approx(floor)] * 2  # a longer run stays at the floor
+    peak = rates.index(max(rates))
+    assert all(a >= b for a, b in zip(rates[peak:], rates[peak + 1 :]))  # never up again
+
+
+@pytest.mark.parametrize("schedule", FITTED)
+def test_a_run_shorter_than_four_warmups_warms_up_over_a_quarter_of_it(schedule):
+    horizon = 200  # the warm-up of 100 would be half the run
+    rates = [lr_at(step, schedule, LR, WARMUP, horizon=horizon) for step in range(1, horizon + 1)]
+    assert rates.index(max(rates)) == horizon // 4 - 1
+    assert rates[0] == pytest.approx(LR / (horizon // 4))
+
+
+def test_cosine_is_halfway_down_at_the_middle_of_the_decay_and_linear_too():
+    middle = WARMUP + (HORIZON - WARMUP) // 2
+    for schedule in FITTED:
+        assert lr_at(middle, schedule, LR, WARMUP, horizon=HORIZON) == pytest.approx(LR / 2)
+    # cosine stays higher early in the decay, lower late
+    early, late = WARMUP + 100, HORIZON - 100
+    assert lr_at(early, "cosine", LR, WARMUP, horizon=HORIZON) > lr_at(
+        early, "linear", LR, WARMUP, horizon=HORIZON
+    )
+    assert lr_at(late, "cosine", LR, WARMUP, horizon=HORIZON) < lr_at(
+        late, "linear", LR, WARMUP, horizon=HORIZON
+    )
+
+
+@pytest.mark.parametrize("schedule", FITTED)
+def test_a_fitted_schedule_without_a_horizon_raises(schedule):
+    with pytest.raises(ValueError, match="length in steps"):
+        lr_at(10, schedule, LR, WARMUP)
 
 
 def test_inverse_sqrt_halves_at_four_times_the_warmup():
@@ -50,7 +97,12 @@ def test_min_lr_floor_after_warmup(schedule):
 
 def test_unknown_schedule_raises():
     with pytest.raises(ValueError, match="cosine"):
-        lr_at(10, "cosine", LR, WARMUP)
+        lr_at(10, "polynomial", LR, WARMUP)
+
+
+@pytest.mark.parametrize("schedule", OPEN_ENDED)
+def test_open_ended_schedules_ignore_the_horizon(schedule):
+    assert lr_at(500, schedule, LR, WARMUP, horizon=600) == lr_at(500, schedule, LR, WARMUP)
 
 
 def test_step_zero_is_the_first_step():

@@ -14,6 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from common.settings import NOT_SETTINGS, check_keys
 from data.config import DataConfig
 from models.config import RNNConfig, TransformerConfig, config_from_dict
+from training.schedule import SCHEDULES
 
 
 @dataclass
@@ -29,13 +30,17 @@ class TrainerConfig:
     lr: float = 1e-3  # peak learning rate
     betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
-    # lr_at(step): inverse_sqrt (linear warm-up, then lr * sqrt(warmup / step)), exponential
-    # (warm-up, then lr * decay_rate ** ((step - warmup) / decay_steps)) or constant (after warm-up).
+    # training/schedule.py lr_at(step), after a linear warm-up: fitted to the run, linear or cosine
+    # (decay to min_lr at the run's last step); open-ended, inverse_sqrt (lr * sqrt(warmup / step)),
+    # exponential (lr * decay_rate ** ((step - warmup) / decay_steps)) or constant.
     schedule: str = "inverse_sqrt"
-    warmup_steps: int = 300
+    warmup_steps: int = 300  # a fitted schedule warms up over at most a quarter of the run
     decay_rate: float = 0.5
     decay_steps: int = 2000
-    min_lr: float = 1e-5  # floor of every schedule after the warm-up
+    min_lr: float = 1e-5  # floor of every schedule after the warm-up; where linear and cosine end
+    # The step where linear and cosine reach min_lr (null: the run's last step by max_steps or
+    # max_epochs; set it when trainer.max_minutes alone limits the run).
+    schedule_steps: Optional[int] = None
     label_smoothing: float = 0.1
     clip_grad_norm: Optional[float] = 1.0  # null: no clipping (the norm is still logged)
     eval_every: Optional[int] = None  # validate every N steps (null: at the end of every epoch)
@@ -52,6 +57,13 @@ class TrainerConfig:
     max_bad_steps: int = (
         5  # consecutive steps with a non-finite loss or gradient (each skipped) that stop the run
     )
+    # Weight averages (training/averaging.py): an exponential moving average of the weights, updated
+    # after every step, validated at every evaluation and saved as checkpoints/ema.pt (null: off);
+    # and the mean of the last N evaluations' checkpoints (kept as with keep_last), saved as
+    # checkpoints/average.pt. The test splits are decoded with whichever of best.pt, ema.pt and
+    # average.pt scores the best validation BLEU.
+    ema_decay: Optional[float] = None
+    average_last: Optional[int] = None
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
     num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
     compile: bool = False  # torch.compile the model
@@ -109,10 +121,16 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         "max_epochs": tc.max_epochs,
         "max_steps": tc.max_steps,
         "num_threads": tc.num_threads,
+        "schedule_steps": tc.schedule_steps,
+        "average_last": tc.average_last,
     }
     for key, value in at_least_one.items():
         if value is not None and value < 1:
             raise ValueError(f"trainer.{key} must be at least 1, got {value}")
+    if tc.schedule not in SCHEDULES:
+        raise ValueError(f"trainer.schedule must be one of {', '.join(SCHEDULES)}, got {tc.schedule!r}")
+    if tc.ema_decay is not None and not 0.0 < tc.ema_decay < 1.0:
+        raise ValueError(f"trainer.ema_decay must be in (0, 1) or null, got {tc.ema_decay}")
     if tc.max_minutes is not None and tc.max_minutes <= 0:
         raise ValueError(f"trainer.max_minutes must be positive, got {tc.max_minutes}")
     if not 0.0 <= tc.label_smoothing < 1.0:

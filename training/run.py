@@ -13,7 +13,8 @@ from typing import Any, Dict, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from training import distributed
-from training.checkpoint import load_checkpoint
+from training.averaging import average_checkpoints, last_checkpoints
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.finish import decode_test_split, hparam_metrics, results_of, summary_line, write_results
 from training.run_folder import check_run_folder, claim_run_folder, unlock_run_folder
 from training.signals import Interrupted, StopRequest
@@ -59,13 +60,39 @@ def train(cfg: DictConfig, out_dir: Path) -> Dict[str, Any]:
     return run(prepare(cfg, out_dir))
 
 
+def choose_test_weights(trainer: Trainer) -> Dict[str, Any]:
+    """Load the weights the test splits are decoded with: of ``best.pt``, ``ema.pt``
+    (``trainer.ema_decay``) and the mean of the last ``trainer.average_last`` checkpoints (saved as
+    ``average.pt``), the one with the best validation BLEU (the first on a tie). Returns which,
+    and the validation BLEU of each."""
+    p, ckpt_dir, bleu = trainer.progress, trainer.ckpt_dir, {}
+    if (ckpt_dir / "best.pt").is_file():
+        bleu["best.pt"] = p.best_bleu
+    if trainer.ema is not None and (ckpt_dir / "ema.pt").is_file() and "ema_bleu" in p.history[-1]:
+        bleu["ema.pt"] = p.history[-1]["ema_bleu"]
+    kept = last_checkpoints(ckpt_dir, trainer.tc.average_last or 0)
+    if len(kept) > 1:
+        averaged = average_checkpoints(kept)
+        save_checkpoint(averaged, ckpt_dir / "average.pt")
+        bleu["average.pt"] = trainer.validate_weights(averaged["model"])["bleu"]
+        log.info(
+            "average.pt: mean of %s, valid BLEU %.2f", ", ".join(k.name for k in kept), bleu["average.pt"]
+        )
+    if not bleu:  # stopped before any evaluation: the weights as they are
+        return {"used": None, "valid_bleu": {}}
+    used = max(bleu, key=lambda name: bleu[name])
+    trainer.model.load_state_dict(load_checkpoint(ckpt_dir / used)["model"])
+    if len(bleu) > 1:
+        log.info("test weights: %s (valid BLEU %s)", used, ", ".join(f"{k} {v:.2f}" for k, v in bleu.items()))
+    return {"used": used, "valid_bleu": bleu}
+
+
 def decode_tests(trainer: Trainer) -> Dict[str, Dict[str, float]]:
-    """Load the best checkpoint; beam-decode and score every test split (rank 0; the others: {})."""
+    """Load the weights ``choose_test_weights`` picks; beam-decode and score every test split
+    (rank 0; the others: {})."""
     if not trainer.world.main:
         return {}
-    best = trainer.ckpt_dir / "best.pt"
-    if best.is_file():
-        trainer.model.load_state_dict(load_checkpoint(best)["model"])
+    trainer.test_weights = choose_test_weights(trainer)
     tc, stop, results = trainer.tc, trainer.stop, {}
     for split in trainer.data.test_splits:
         if stop is not None and stop.signum is not None:  # training is over and saved: nothing to add
@@ -96,6 +123,7 @@ def finish(trainer: Trainer, test: Dict[str, Dict[str, float]]) -> Optional[Dict
     results = results_of(
         trainer.progress, trainer.model_cfg.name, trainer.params, trainer.epochs_done(), trainer.device, test
     )
+    results["test_weights"] = trainer.test_weights
     write_results(trainer.out_dir, results)
     trainer.board.hparams(OmegaConf.to_container(trainer.cfg, resolve=True), hparam_metrics(results))
     log.info("summary: %s", summary_line(results))

@@ -18,7 +18,8 @@ from training.distributed import World
 from training.evaluate import src_mask_of
 from training.loss import label_smoothed_nll
 from training.progress import Progress, StepStats
-from training.schedule import lr_at
+from training.schedule import FITTED, fitted_warmup, lr_at
+from training.stopping import total_steps
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,39 @@ def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer
     )
 
 
-def learning_rate(step: int, tc: TrainerConfig) -> float:
-    """The rate of optimizer step ``step`` under the schedule of ``tc``."""
-    return lr_at(step, tc.schedule, tc.lr, tc.warmup_steps, tc.decay_rate, tc.decay_steps, tc.min_lr)
+def schedule_horizon(tc: TrainerConfig, batches_per_epoch: int) -> Optional[int]:
+    """The step where a fitted schedule (linear, cosine) ends its decay: ``trainer.schedule_steps``,
+    else the run's last step by ``max_steps`` or ``max_epochs``; None when neither tells it."""
+    if tc.schedule_steps is not None:
+        return tc.schedule_steps
+    return total_steps(tc, batches_per_epoch)
+
+
+def check_schedule(tc: TrainerConfig, horizon: Optional[int]) -> None:
+    """A fitted schedule needs a horizon: one line naming the keys that give it."""
+    if tc.schedule in FITTED and horizon is None:
+        raise ValueError(
+            f"trainer.schedule={tc.schedule} decays over the run's steps, which trainer.max_minutes alone "
+            "does not tell: set trainer.schedule_steps (steps/s in the log x seconds), trainer.max_steps "
+            "or trainer.max_epochs"
+        )
+
+
+def describe_schedule(tc: TrainerConfig, horizon: Optional[int]) -> str:
+    """The log line of the learning-rate schedule: its peak, warm-up and, when fitted, its end."""
+    if tc.schedule in FITTED:
+        warmup = fitted_warmup(tc.warmup_steps, horizon)
+        return (
+            f"schedule: {tc.schedule}, {warmup} warm-up steps to {tc.lr:g}, then down to {tc.min_lr:g} "
+            f"at step {horizon}"
+        )
+    return f"schedule: {tc.schedule}, {tc.warmup_steps} warm-up steps to {tc.lr:g}"
+
+
+def learning_rate(step: int, tc: TrainerConfig, horizon: Optional[int] = None) -> float:
+    """The rate of optimizer step ``step`` under the schedule of ``tc`` (``horizon``: see
+    ``schedule_horizon``)."""
+    return lr_at(step, tc.schedule, tc.lr, tc.warmup_steps, tc.decay_rate, tc.decay_steps, tc.min_lr, horizon)
 
 
 def accumulate_gradients(
@@ -67,13 +98,13 @@ def train_step(
     forward: nn.Module,
     optimizer: torch.optim.Optimizer,
     batches: List[Batch],
-    step: int,
+    lr: float,
     tc: TrainerConfig,
     world: World,
     device: torch.device,
     autocast: Callable[[], ContextManager],
 ) -> StepStats:
-    """Optimizer step number ``step`` over ``batches``; ``forward`` is ``model`` itself, its DDP wrapper
+    """One optimizer step at rate ``lr`` over ``batches``; ``forward`` is ``model`` itself, its DDP wrapper
     or its compiled form. Skipped (``stats.skipped``, gradients dropped) when not finite."""
     model.train()
     stats = accumulate_gradients(forward, batches, tc, world, device, autocast)
@@ -85,7 +116,7 @@ def train_step(
         )  # no update: weights, optimizer state and step stay as they were
         stats.skipped = True
         return stats
-    stats.lr = learning_rate(step, tc)
+    stats.lr = lr
     for group in optimizer.param_groups:
         group["lr"] = stats.lr
     optimizer.step()

@@ -19,13 +19,15 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from data.batching import Batch, TokenBucketSampler, collate
-from data.config import data_config
+from data.config import DataConfig, data_config
 from data.corpus import TRAIN
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
+from data.sampling import Resegmenter
 from data.specials import PAD_ID
 from data.tokenizer import Tokenizer
 from models.build import ModelConfig, build_model, count_parameters
 from training import distributed
+from training.averaging import ExponentialAverage
 from training.board import Board, NullBoard
 from training.checkpoint import (
     CheckpointError,
@@ -42,7 +44,15 @@ from training.progress import LogWindow, Progress, StepStats, describe_setup, lo
 from training.resume import adopt_best, check_resumable, remove_stale_temporaries
 from training.run_folder import resume_path, unlock_run_folder
 from training.signals import Interrupted, StopRequest
-from training.step import count_skipped, make_optimizer, train_step
+from training.step import (
+    check_schedule,
+    count_skipped,
+    describe_schedule,
+    learning_rate,
+    make_optimizer,
+    schedule_horizon,
+    train_step,
+)
 from training.stopping import agree, stop_reason, total_steps
 from training.validation import draw_samples, log_scores, record, validate
 
@@ -69,6 +79,15 @@ def model_for(model_cfg: ModelConfig, tokenizer: Tokenizer) -> nn.Module:
     return build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, PAD_ID)
 
 
+def resegmenter(data: PreparedData, data_cfg: DataConfig, seed: int) -> Optional[Resegmenter]:
+    """The sampler of training segmentations when ``data.sampling_alpha`` is set, else None."""
+    if data_cfg.sampling_alpha is None:
+        return None
+    return Resegmenter(
+        data.tokenizer, data.train_text, data.datasets[TRAIN], data_cfg.sampling_alpha, seed, data_cfg.max_len
+    )
+
+
 class Trainer:
     """A run's data, model, optimizer and progress, and the loop that trains them (``fit``)."""
 
@@ -80,8 +99,9 @@ class Trainer:
         distributed.init(self.world, self.device)
         seed_everything(cfg.seed)  # the same initial weights on every rank (DDP checks that they agree)
         # rank 0 trains and caches the tokenizer; the others then read it
+        data_cfg = data_config(cfg.data)
         with distributed.main_first(self.world):
-            self.data: PreparedData = prepare_data(data_config(cfg.data))
+            self.data: PreparedData = prepare_data(data_cfg)
         self.model_cfg = model_config(cfg.model)
         self.model = model_for(self.model_cfg, self.data.tokenizer).to(self.device)
         self.params = count_parameters(self.model)
@@ -100,6 +120,10 @@ class Trainer:
             rank=self.world.rank,
             world_size=self.world.world_size,
         )
+        self.ema = ExponentialAverage(self.model, self.tc.ema_decay) if self.tc.ema_decay else None
+        self.horizon = schedule_horizon(self.tc, len(self.sampler))  # where linear and cosine end
+        check_schedule(self.tc, self.horizon)
+        self.resegmenter = resegmenter(self.data, data_cfg, cfg.seed)
         self.progress = Progress()
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.eval_batch_tokens = self.tc.eval_batch_tokens or self.tc.batch_tokens
@@ -108,6 +132,7 @@ class Trainer:
         self.resumed = False  # whether resume() restored a checkpoint
         self.window = LogWindow()  # the steps since the last log line
         self.max_steps: Optional[int] = None  # the limit of the fit() in progress
+        self.test_weights: Dict[str, Any] = {}  # which weights decoded the test splits (training/run.py)
         self.started = time.perf_counter()  # the clock of the loop; fit() sets it back by the time resumed
 
     # ----- state -----
@@ -119,13 +144,19 @@ class Trainer:
         return self.progress.epochs_done(len(self.sampler))
 
     def checkpoint(self) -> Dict[str, Any]:
+        payload = self.weights_checkpoint(self.model.state_dict())
+        payload |= {"optimizer": to_cpu(self.optimizer.state_dict()), "rng": rng_states()}
+        if self.ema is not None:
+            payload["ema"] = to_cpu(self.ema.state_dict())
+        return payload
+
+    def weights_checkpoint(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """A checkpoint of the weights ``state`` that translates but does not resume (no optimizer)."""
         return {
-            "model": to_cpu(self.model.state_dict()),
+            "model": to_cpu(state),
             "model_config": asdict(self.model_cfg),
             "tokenizer": self.data.tokenizer.state_dict(),
-            "optimizer": to_cpu(self.optimizer.state_dict()),
             "progress": asdict(self.progress),
-            "rng": rng_states(),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
         }
 
@@ -146,6 +177,11 @@ class Trainer:
         self.optimizer.load_state_dict(payload["optimizer"])
         self.progress = Progress(**payload["progress"])
         set_rng_states(payload["rng"])
+        if self.ema is not None and "ema" in payload:
+            self.ema.load_state_dict(payload["ema"])
+        elif self.ema is not None:
+            log.info("%s holds no weight average: trainer.ema_decay starts one from its weights", path)
+            self.ema = ExponentialAverage(self.model, self.tc.ema_decay)
         if self.world.main:
             adopt_best(path, self.ckpt_dir)
             remove_stale_temporaries(self.ckpt_dir)
@@ -226,6 +262,8 @@ class Trainer:
         return batches
 
     def collate(self, indices: List[int]) -> Batch:
+        if self.resegmenter is not None:  # data.sampling_alpha: this epoch's segmentation
+            return collate([self.resegmenter.example(i, self.progress.epoch) for i in indices])
         train = self.data.datasets[TRAIN]
         return collate([train[i] for i in indices])
 
@@ -236,7 +274,7 @@ class Trainer:
             self.forward,
             self.optimizer,
             batches,
-            self.progress.step + 1,
+            learning_rate(self.progress.step + 1, self.tc, self.horizon),
             self.tc,
             self.world,
             self.device,
@@ -244,6 +282,8 @@ class Trainer:
         )
         if not stats.skipped:
             self.progress.step += 1
+            if self.ema is not None:
+                self.ema.update(self.model, self.progress.step)
         return stats
 
     def skip_bad_step(self, stats: StepStats, where: str) -> None:
@@ -291,6 +331,8 @@ class Trainer:
         scores, found, hyps = validate(
             self.model, self.data, self.eval_batch_tokens, self.device, self.autocast
         )
+        if self.ema is not None:  # the average is scored beside the weights; they decide best.pt
+            scores |= {f"ema_{k}": v for k, v in self.validate_weights(self.ema.state_dict()).items()}
         # the x axis of comparisons: training time so far, evaluations included
         self.board.scalars(
             {f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": self.seconds()}, p.step
@@ -305,9 +347,21 @@ class Trainer:
         save_checkpoint(payload, self.ckpt_dir / "last.pt")
         if improved:
             save_checkpoint(payload, self.ckpt_dir / "best.pt")
-        if self.tc.keep_last:
-            keep_recent(self.ckpt_dir, p.step, self.tc.keep_last)
+        if self.ema is not None:
+            save_checkpoint(self.weights_checkpoint(self.ema.state_dict()), self.ckpt_dir / "ema.pt")
+        keep = max(self.tc.keep_last or 0, self.tc.average_last or 0)
+        if keep:
+            keep_recent(self.ckpt_dir, p.step, keep)
         log_scores(p, scores, improved, time.perf_counter() - tick)
+
+    def validate_weights(self, state: Dict[str, Any]) -> Dict[str, float]:
+        """Validation scores of the weights ``state`` (the model's own come back after)."""
+        own = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(state)
+        try:
+            return validate(self.model, self.data, self.eval_batch_tokens, self.device, self.autocast)[0]
+        finally:
+            self.model.load_state_dict(own)
 
     def save_last(self) -> Path:
         """Save the state as it is now (mid-epoch too) as ``last.pt`` (rank 0 writes it)."""
@@ -338,6 +392,7 @@ class Trainer:
     def log_start(self) -> None:
         log.info("%s", format_stats(dict(self.data.stats, batches=batch_stats(self.sampler))))
         log.info("%s", describe_setup(self.model_cfg.name, self.params, self.device, self.world, self.tc))
+        log.info("%s", describe_schedule(self.tc, self.horizon))
 
     def log_steps(self) -> None:
         """Log the steps since the last log line (a line and the ``train/*`` scalars), if any."""

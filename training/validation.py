@@ -79,8 +79,11 @@ def log_scores(p: Progress, scores: Dict[str, float], improved: bool, seconds: f
         scores["ppl"],
         scores["bleu"],
         scores["chrf"],
-        " *best*"
-        if improved
-        else f" (best {p.best_bleu:.2f}, {p.evals_without_improvement} without improvement)",
+        (
+            " *best*"
+            if improved
+            else f" (best {p.best_bleu:.2f}, {p.evals_without_improvement} without improvement)"
+        )
+        + (f"; EMA BLEU {scores['ema_bleu']:.2f}" if "ema_bleu" in scores else ""),
         seconds,
     )
