@@ -48,9 +48,9 @@ class DataConfig:
     vocab_size: int = 8000
     joint_vocab: bool = True
     spm_model_type: str = "unigram"  # SentencePiece model: unigram or bpe
-    # Subword regularization (Kudo 2018): each epoch segments every training sentence anew, sampled
-    # by SentencePiece with this alpha (unigram: smoothing of the segmentation probabilities, 0.1-0.5;
-    # bpe: BPE-dropout's drop rate, about 0.1), a function of (seed, epoch, pair); null: off.
+    # Subword regularization (Kudo 2018): each epoch segments every training sentence anew, drawn
+    # from its 64 most likely unigram segmentations with probability P ** alpha (0: uniform, 1: the
+    # model's; 0.1-0.5 usual), a function of (seed, epoch, pair); null: off. Unigram models only.
     # Validation and test text is never sampled.
     sampling_alpha: Optional[float] = None
 
@@ -63,6 +63,11 @@ def data_config(node) -> DataConfig:
 
     check_keys(node, DataConfig, "data")
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), node))
-    if cfg.sampling_alpha is not None and not 0.0 < cfg.sampling_alpha <= 1.0:
-        raise ValueError(f"data.sampling_alpha must be in (0, 1] or null, got {cfg.sampling_alpha}")
+    if cfg.sampling_alpha is not None and not 0.0 <= cfg.sampling_alpha <= 1.0:
+        raise ValueError(f"data.sampling_alpha must be in [0, 1] or null, got {cfg.sampling_alpha}")
+    if cfg.sampling_alpha is not None and cfg.spm_model_type != "unigram":
+        raise ValueError(
+            "data.sampling_alpha samples the segmentations of a unigram model: set data.spm_model_type=unigram "
+            "or data.sampling_alpha=null"
+        )
     return cfg

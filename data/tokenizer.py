@@ -13,6 +13,8 @@ import hashlib
 import io
 import json
 import logging
+import math
+import random
 import time
 import unicodedata
 from pathlib import Path
@@ -44,6 +46,7 @@ class Tokenizer:
         self.tgt_model = tgt_model  # None: joint vocabulary, the source model serves both sides
         self.src = spm.SentencePieceProcessor(model_proto=src_model)
         self.tgt = self.src if tgt_model is None else spm.SentencePieceProcessor(model_proto=tgt_model)
+        self._scores: Dict[int, List[float]] = {}  # piece log probabilities, for sampling
 
     @property
     def joint(self) -> bool:
@@ -65,10 +68,16 @@ class Tokenizer:
 
     def sample_src(self, text: str, alpha: float, seed: int) -> List[int]:
         """One segmentation of ``text`` sampled with ``alpha``, the same for the same ``seed``."""
-        return sample(self.src, text, alpha, seed)
+        return sample(self.src, self.piece_scores(self.src), text, alpha, seed)
 
     def sample_tgt(self, text: str, alpha: float, seed: int) -> List[int]:
-        return sample(self.tgt, text, alpha, seed)
+        return sample(self.tgt, self.piece_scores(self.tgt), text, alpha, seed)
+
+    def piece_scores(self, model: spm.SentencePieceProcessor) -> List[float]:
+        """The log probability of every piece of ``model`` (once per model)."""
+        if id(model) not in self._scores:
+            self._scores[id(model)] = [model.get_score(i) for i in range(model.get_piece_size())]
+        return self._scores[id(model)]
 
     def decode_src(self, ids: Sequence[Sequence[int]]) -> List[str]:
         return self.src.decode([list(seq) for seq in ids])
@@ -92,12 +101,23 @@ class Tokenizer:
         return cls(state["src_model"], state["tgt_model"])
 
 
-def sample(model: spm.SentencePieceProcessor, text: str, alpha: float, seed: int) -> List[int]:
-    """SentencePiece's sampled encoding of one sentence (all segmentations, ``nbest_size=-1``).
-    SentencePiece draws from a generator of the calling thread, which the seed resets, so one
-    sentence at a time in this thread gives the same ids for the same seed."""
-    spm.set_random_generator_seed(seed)
-    return model.encode(text, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1)
+NBEST = 64  # the segmentations that sampling draws from (Kudo 2018's l-best sampling, l = 64)
+
+
+def sample(
+    model: spm.SentencePieceProcessor, scores: List[float], text: str, alpha: float, seed: int
+) -> List[int]:
+    """One of the ``NBEST`` most likely segmentations of ``text`` under a unigram model, drawn with
+    probability proportional to ``P(segmentation) ** alpha`` (``scores``: each piece's log
+    probability) from a generator seeded with ``seed``. SentencePiece's own sampling cannot be
+    seeded reproducibly across processes, which exact resume needs; this draw is ours."""
+    candidates = model.nbest_encode_as_ids(text, nbest_size=NBEST)
+    if len(candidates) < 2:
+        return candidates[0] if candidates else []
+    log_weights = [alpha * sum(scores[i] for i in ids) for ids in candidates]
+    top = max(log_weights)
+    weights = [math.exp(w - top) for w in log_weights]
+    return random.Random(seed).choices(candidates, weights)[0]
 
 
 def spm_options(vocab_size: int, model_type: str) -> Dict[str, object]:

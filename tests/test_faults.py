@@ -38,15 +38,30 @@ def losses(run_dir: Path):
     return dict(scalars(run_dir / "tb", "train/loss"))
 
 
-def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_slice, tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        # a schedule fitted to the run, an EMA (saved in the checkpoint) and sampled segmentations
+        ["trainer.schedule=cosine", "trainer.ema_decay=0.9", "data.sampling_alpha=0.3"],
+    ],
+    ids=["plain", "cosine-ema-sampling"],
+)
+def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_slice, tmp_path, extra):
     cache = tmp_path / "cache"
     whole = subprocess.run(
-        command(tmp_path / "whole", multi30k_slice, cache), capture_output=True, text=True, timeout=600
+        command(tmp_path / "whole", multi30k_slice, cache, *extra),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert whole.returncode == 0, whole.stderr[-2000:]
     split = tmp_path / "split"
     process = subprocess.Popen(
-        command(split, multi30k_slice, cache), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command(split, multi30k_slice, cache, *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     for line in process.stdout:  # stop in the middle of the first epoch, between evaluations
         if " step 7/" in line:
@@ -56,16 +71,18 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_
     assert process.returncode == 75, rest[-2000:]
     assert "resume with: python train.py trainer.resume=auto" in rest
     resumed = subprocess.run(
-        command(split, multi30k_slice, cache, "trainer.resume=auto"),
+        command(split, multi30k_slice, cache, *extra, "trainer.resume=auto"),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert losses(split) == losses(tmp_path / "whole") and len(losses(split)) == 24
-    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)["model"]
-    b = torch.load(split / "checkpoints" / "last.pt", weights_only=True)["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)  # bitwise: same ops, same order, same thread count on CPU
+    a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)
+    b = torch.load(split / "checkpoints" / "last.pt", weights_only=True)
+    # bitwise: same ops, same order, same thread count on CPU
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a.keys() == b.keys() and all(torch.equal(a["ema"][k], b["ema"][k]) for k in a.get("ema", {}))
 
 
 def default_sigint() -> None:

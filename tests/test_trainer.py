@@ -135,3 +135,68 @@ def test_a_run_shorter_than_log_every_logs_its_last_step(multi30k_slice, compose
     trainer.close()
     assert [step for step, _ in scalars(tmp_path / "tb", "train/loss")] == [3]
     assert [step for step, _ in scalars(tmp_path / "tb", "train/lr")] == [3]
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_a_fitted_schedule_ends_at_min_lr_on_the_last_step_of_max_epochs(
+    multi30k_slice, compose_config, tmp_path, schedule
+):
+    trainer = make_trainer(
+        multi30k_slice,
+        compose_config,
+        tmp_path,
+        f"trainer.schedule={schedule}",
+        "trainer.max_epochs=2",
+        "trainer.warmup_steps=100",  # longer than the run: a quarter of it
+        "trainer.min_lr=1e-5",
+        "trainer.log_every=1",
+    )
+    assert trainer.horizon == 2 * len(trainer.sampler)
+    trainer.fit(evaluate_last=False)
+    trainer.close()
+    rates = dict(scalars(tmp_path / "tb", "train/lr"))
+    assert trainer.progress.step == trainer.horizon == max(rates)
+    assert rates[trainer.horizon] == pytest.approx(1e-5)
+    assert max(rates, key=rates.get) == trainer.horizon // 4  # the warm-up: a quarter of the run
+
+
+def test_max_steps_or_schedule_steps_set_the_horizon_and_minutes_alone_cannot(
+    multi30k_slice, compose_config, tmp_path
+):
+    both = make_trainer(
+        multi30k_slice, compose_config, tmp_path / "a", "trainer.schedule=cosine", "trainer.max_steps=5"
+    )
+    assert both.horizon == 5  # max_steps comes before the 30 epochs of trainer.max_epochs
+    explicit = ["trainer.schedule=cosine", "trainer.max_epochs=null", "trainer.max_minutes=10"]
+    assert (
+        make_trainer(
+            multi30k_slice, compose_config, tmp_path / "b", *explicit, "trainer.schedule_steps=70"
+        ).horizon
+        == 70
+    )
+    with pytest.raises(ValueError, match="set trainer.schedule_steps"):
+        make_trainer(multi30k_slice, compose_config, tmp_path / "c", *explicit)
+
+
+def test_sampling_resegments_training_pairs_each_epoch_and_never_validation(
+    multi30k_slice, compose_config, tmp_path
+):
+    from data.corpus import VALID
+
+    plain = make_trainer(multi30k_slice, compose_config, tmp_path / "plain")
+    sampled = make_trainer(multi30k_slice, compose_config, tmp_path / "sampled", "data.sampling_alpha=0.5")
+    batch = list(sampled.sampler)[0]
+    assert list(plain.sampler)[0] == batch  # the batches are packed by the plain lengths
+    epoch0 = sampled.collate(batch)
+    again = sampled.collate(batch)
+    sampled.progress.epoch = 1
+    epoch1 = sampled.collate(batch)
+    unsampled = plain.collate(batch)
+    assert torch.equal(epoch0.src, again.src) and torch.equal(epoch0.tgt_out, again.tgt_out)
+    assert not torch.equal(epoch0.src, unsampled.src)
+    assert not torch.equal(epoch0.src, epoch1.src)
+    tok = sampled.data.tokenizer
+    rows = lambda b: [[i for i in row.tolist() if i > 3] for row in b.tgt_out]  # noqa: E731 (no specials)
+    assert tok.decode_tgt(rows(epoch0)) == tok.decode_tgt(rows(unsampled))  # the same text
+    for split in (VALID, "test_2016_flickr"):
+        assert sampled.data.datasets[split].src == plain.data.datasets[split].src
