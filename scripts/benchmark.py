@@ -210,6 +210,7 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         "trainer.eval_every=1000000000",
         "trainer.log_every=1000000000",
         "trainer.max_epochs=null",
+        f"trainer.max_steps={args.warmup + args.steps}",  # the run a fitted schedule decays over
         *args.overrides,
     ]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

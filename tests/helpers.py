@@ -128,6 +128,7 @@ def write_run(
         "test": {split: corpus_scores(hyps, refs)},
         "sacrebleu": signatures(),
         "valid_history": history,
+        "test_weights": {"used": "best.pt", "valid_bleu": {"best.pt": best["bleu"]}},
     }
     content.update(results)
     (folder / "results.json").write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")

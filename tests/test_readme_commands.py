@@ -353,7 +353,7 @@ def test_train_answers_hydra_help_and_prints_the_composed_config_without_trainin
     done, scratch = real_runs["train_cfg"]
     assert done.returncode == 0, done.stderr[-2000:]
     cfg = OmegaConf.create(done.stdout)
-    assert cfg.model.name == "rnn" and cfg.trainer.schedule == "exponential" and "hydra" not in cfg
+    assert cfg.model.name == "rnn" and cfg.trainer.schedule == "cosine" and "hydra" not in cfg
     assert not (scratch / "outputs").exists()
 
 
