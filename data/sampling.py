@@ -2,6 +2,7 @@
 training sentence (Kudo 2018), drawn from a seed that is a function of (run seed, epoch, pair), so
 that an epoch's batches are the same however the run was stopped and resumed."""
 
+import hashlib
 from typing import List, Sequence, Tuple
 
 from data.batching import ParallelDataset
@@ -10,9 +11,11 @@ from data.tokenizer import Tokenizer
 SEED_RANGE = 2**31 - 1
 
 
-def pair_seed(seed: int, epoch: int, index: int) -> int:
-    """The sampling seed of training pair ``index`` in ``epoch`` of a run with ``seed``."""
-    return (((seed * 1_000_003) + epoch) * 998_244_353 + index) % SEED_RANGE
+def pair_seed(seed: int, epoch: int, index: int, side: str) -> int:
+    """The sampling seed of one side (``src``, ``tgt``) of training pair ``index`` in ``epoch`` of
+    a run with ``seed``: a hash, so that no two (epoch, pair, side) share a draw."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{index}/{side}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % SEED_RANGE
 
 
 class Resegmenter:
@@ -41,9 +44,12 @@ class Resegmenter:
 
     def example(self, index: int, epoch: int) -> Tuple[int, List[int], List[int]]:
         """``(index, src ids, tgt ids)`` of training pair ``index``, sampled for ``epoch``."""
-        seed = pair_seed(self.seed, epoch, index)
-        src = self.tokenizer.sample_src(self.src_text[index], self.alpha, seed)
-        tgt = self.tokenizer.sample_tgt(self.tgt_text[index], self.alpha, (seed + 1) % SEED_RANGE)
+        src = self.tokenizer.sample_src(
+            self.src_text[index], self.alpha, pair_seed(self.seed, epoch, index, "src")
+        )
+        tgt = self.tokenizer.sample_tgt(
+            self.tgt_text[index], self.alpha, pair_seed(self.seed, epoch, index, "tgt")
+        )
         if len(src) > self.max_len or len(tgt) > self.max_len:
             return self.plain[index]
         return index, src, tgt

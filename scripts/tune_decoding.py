@@ -44,6 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--alphas must be 0 or more")
     if args.batch_size < 1:
         parser.error("--batch-size must be at least 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads must be at least 1")
     return args
 
 
@@ -58,7 +60,11 @@ def settings(beams: List[int], alphas: List[float]) -> List[Dict[str, float]]:
 
 def best_row(rows: List[Dict[str, float]]) -> Dict[str, float]:
     """The highest BLEU; on a tie the smaller beam, then the alpha closer to 1."""
-    return max(rows, key=lambda r: (round(r["bleu"], 2), -r["beam"], -abs((r["alpha"] or 1.0) - 1.0)))
+
+    def nearness(alpha):  # greedy rows have no alpha
+        return 0.0 if alpha is None else -abs(alpha - 1.0)
+
+    return max(rows, key=lambda r: (round(r["bleu"], 2), -r["beam"], nearness(r["alpha"])))
 
 
 def format_row(row: Dict[str, float]) -> str:
@@ -71,11 +77,10 @@ def format_row(row: Dict[str, float]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)  # before torch is imported: --help and mistakes answer at once
-    import torch
-
     from data.corpus import read_lines
     from data.errors import DataError
     from training.checkpoint import CheckpointError
+    from training.device import set_threads
     from training.metrics import corpus_scores
     from training.translator import Translator
 
@@ -85,9 +90,8 @@ def main(argv=None) -> int:
             raise DataError(
                 f"{args.src} has {len(sources)} lines, {args.ref} {len(references)}: they must be aligned"
             )
-        if args.threads:
-            torch.set_num_threads(args.threads)
         translator = Translator.from_checkpoint(args.checkpoint, args.device)
+        set_threads(translator.device, args.threads)
     except (CheckpointError, DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -97,7 +101,7 @@ def main(argv=None) -> int:
     for setting in settings(args.beams, args.alphas):
         tick = time.perf_counter()
         found = translator.translate(
-            sources, beam=setting["beam"], alpha=setting["alpha"] or 1.0, batch_size=args.batch_size
+            sources, beam=setting["beam"], alpha=setting["alpha"], batch_size=args.batch_size
         )
         seconds = time.perf_counter() - tick
         row = dict(setting, **corpus_scores([t.text for t in found], references), seconds=seconds)

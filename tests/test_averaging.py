@@ -15,6 +15,7 @@ from training.averaging import (
     mean_state,
 )
 from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from training.resume import check_resumable
 from training.translator import Translator
 
 from helpers import load_script, tiny_run
@@ -63,7 +64,7 @@ def averaged_run(multi30k_slice, tmp_path_factory):
     runs = {}
     for name, extra in {
         "on": ["trainer.ema_decay=0.9", "trainer.average_last=3"],
-        "off": [],
+        "off": ["trainer.keep_last=3"],  # kept checkpoints alone are not averaged
     }.items():
         overrides = tiny_run(
             base / name,
@@ -102,6 +103,8 @@ def test_ema_off_changes_nothing_and_on_changes_only_its_own_files(averaged_run)
     assert all(torch.equal(on["model"][k], off["model"][k]) for k in off["model"])  # training is the same
     assert "ema" in on and "ema" not in off
     assert not (averaged_run["off"] / "checkpoints" / "ema.pt").exists()
+    assert not (averaged_run["off"] / "checkpoints" / "average.pt").exists()
+    assert len(last_checkpoints(averaged_run["off"] / "checkpoints", 5)) == 3
     ema = load_checkpoint(averaged_run["on"] / "checkpoints" / "ema.pt")
     assert all(torch.equal(ema["model"][k], on["ema"][k]) for k in on["ema"])
     assert any(not torch.equal(ema["model"][k], on["model"][k]) for k in on["model"])
@@ -151,3 +154,18 @@ def test_checkpoints_of_other_models_are_not_averaged(averaged_run, tmp_path):
     save_checkpoint(other, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="holds another model"):
         average_checkpoints([tmp_path / "other.pt", kept])
+
+
+@pytest.mark.parametrize("name", ["average.pt", "ema.pt"])
+def test_a_checkpoint_of_weights_alone_is_refused_for_resume_naming_last_pt(averaged_run, name):
+    path = averaged_run["on"] / "checkpoints" / name
+    with pytest.raises(CheckpointError, match="holds weights only .* does not resume; resume from last.pt"):
+        check_resumable(load_checkpoint(path), path, {}, {}, {})
+
+
+def test_last_checkpoints_go_by_step_and_none_for_zero(tmp_path):
+    for step in (9, 10, 100):
+        (tmp_path / f"step_{step:07d}.pt").write_bytes(b"")
+    (tmp_path / "step_x.pt").write_bytes(b"")
+    assert [p.name for p in last_checkpoints(tmp_path, 2)] == ["step_0000010.pt", "step_0000100.pt"]
+    assert last_checkpoints(tmp_path, 0) == []

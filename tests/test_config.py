@@ -138,6 +138,11 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
         ("trainer.attention_samples=-1", "trainer.attention_samples must be 0 or more, got -1"),
         ("trainer.schedule_steps=0", "trainer.schedule_steps must be at least 1, got 0"),
         (
+            "trainer.average_last=1",
+            "trainer.average_last must be at least 2 (checkpoints to average) or null, got 1",
+        ),
+        ("trainer.ema_decay=1.0", "trainer.ema_decay must be in (0, 1) or null, got 1.0"),
+        (
             "trainer.schedule=step",
             "trainer.schedule must be one of inverse_sqrt, exponential, constant, linear, cosine, got 'step'",
         ),

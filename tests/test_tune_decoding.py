@@ -30,6 +30,8 @@ def test_ties_go_to_the_smaller_beam_then_the_alpha_nearer_one():
     assert tune.best_row(rows) == rows[2]
     rows.append({"beam": 8, "alpha": 1.0, "bleu": 31.0})
     assert tune.best_row(rows) == rows[-1]
+    zero = [{"beam": 4, "alpha": 0.0, "bleu": 30.0}, {"beam": 4, "alpha": 1.4, "bleu": 30.0}]
+    assert tune.best_row(zero) == zero[1]  # alpha 0 is a setting of its own, 1.0 away from 1
 
 
 def test_a_trained_model_is_scored_at_every_setting(trained_slice_models, multi30k_slice, tmp_path, capsys):

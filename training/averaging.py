@@ -5,16 +5,13 @@ Both smooth out the noise of the last updates; the averaged weights are an ordin
 saved as an ordinary checkpoint that ``translate.py`` and ``scripts/compare.py`` take.
 """
 
-import re
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from training.checkpoint import CheckpointError, load_checkpoint
-
-STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt$")
+from training.checkpoint import CheckpointError, load_checkpoint, step_checkpoints
 
 
 def ema_decay_at(decay: float, step: int) -> float:
@@ -84,6 +81,8 @@ def average_checkpoints(paths: Sequence[Path]) -> Dict[str, Any]:
         raise ValueError("no checkpoints to average")
     last = payloads[-1]
     for path, payload in zip(paths, payloads):
+        if "tokenizer" not in payload:
+            raise CheckpointError(f"{path} holds no tokenizer (not a checkpoint of this project)")
         if payload["model_config"] != last["model_config"]:
             raise CheckpointError(f"{path} holds another model ({payload['model_config']}) than {paths[-1]}")
         if payload["tokenizer"] != last["tokenizer"]:
@@ -98,10 +97,5 @@ def average_checkpoints(paths: Sequence[Path]) -> Dict[str, Any]:
 
 def last_checkpoints(ckpt_dir: Path, n: int) -> List[Path]:
     """The ``n`` newest ``step_<step>.pt`` of a run's checkpoint folder (kept by ``trainer.keep_last``),
-    oldest first; fewer when fewer are there."""
-    found = sorted(
-        (int(m.group(1)), path)
-        for path in Path(ckpt_dir).glob("step_*.pt")
-        if (m := STEP_CHECKPOINT.search(path.name))
-    )
-    return [path for _, path in found[-n:]]
+    oldest first; fewer when fewer are there, none for ``n`` < 1."""
+    return step_checkpoints(ckpt_dir)[-n:] if n > 0 else []

@@ -11,7 +11,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -156,6 +156,15 @@ def load_model(path: Path, device: Any = "cpu") -> Tuple[nn.Module, Tokenizer, D
     return model.to(device).eval(), tokenizer, payload
 
 
+STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt$")
+
+
+def step_checkpoints(folder: Path) -> List[Path]:
+    """The ``step_<step>.pt`` checkpoints of a run's checkpoint folder, oldest (lowest step) first."""
+    found = [(m, path) for path in Path(folder).glob("step_*.pt") if (m := STEP_CHECKPOINT.search(path.name))]
+    return [path for m, path in sorted(found, key=lambda item: int(item[0].group(1)))]
+
+
 def keep_recent(folder: Path, step: int, keep: int) -> None:
     """Keep ``last.pt`` as ``step_<step>.pt`` too (a hard link: no second write), and only the ``keep`` newest of those."""
     kept = folder / f"step_{step:07d}.pt"
@@ -165,5 +174,5 @@ def keep_recent(folder: Path, step: int, keep: int) -> None:
     except OSError:  # no hard links on this file system: a copy, atomic like every checkpoint write
         with open(folder / "last.pt", "rb") as source, AtomicFile(kept, "wb") as out:
             shutil.copyfileobj(source, out)
-    for old in sorted(folder.glob("step_*.pt"))[:-keep]:
+    for old in step_checkpoints(folder)[:-keep]:
         old.unlink()

@@ -14,7 +14,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from common.settings import NOT_SETTINGS, check_keys
 from data.config import DataConfig
 from models.config import RNNConfig, TransformerConfig, config_from_dict
-from training.schedule import SCHEDULES
+from training.schedule import FITTED, SCHEDULES
 
 
 @dataclass
@@ -122,13 +122,21 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         "max_steps": tc.max_steps,
         "num_threads": tc.num_threads,
         "schedule_steps": tc.schedule_steps,
-        "average_last": tc.average_last,
     }
     for key, value in at_least_one.items():
         if value is not None and value < 1:
             raise ValueError(f"trainer.{key} must be at least 1, got {value}")
     if tc.schedule not in SCHEDULES:
         raise ValueError(f"trainer.schedule must be one of {', '.join(SCHEDULES)}, got {tc.schedule!r}")
+    if tc.average_last is not None and tc.average_last < 2:
+        raise ValueError(
+            f"trainer.average_last must be at least 2 (checkpoints to average) or null, got {tc.average_last}"
+        )
+    if tc.schedule in FITTED and tc.schedule_steps is None and tc.max_steps is None and tc.max_epochs is None:
+        raise ValueError(
+            f"trainer.schedule={tc.schedule} decays over the run's steps, which trainer.max_minutes alone does not "
+            "tell: set trainer.schedule_steps (steps/s in the log x seconds), trainer.max_steps or trainer.max_epochs"
+        )
     if tc.ema_decay is not None and not 0.0 < tc.ema_decay < 1.0:
         raise ValueError(f"trainer.ema_decay must be in (0, 1) or null, got {tc.ema_decay}")
     if tc.max_minutes is not None and tc.max_minutes <= 0:

@@ -42,7 +42,12 @@ def check_resumable(
     tokenizer: Dict[str, Any],
 ) -> None:
     """Refuse (``CheckpointError``, naming the keys) a checkpoint trained with another model config,
-    other batch-deciding settings or another vocabulary than this run's."""
+    other batch-deciding settings or another vocabulary than this run's; or one of weights alone."""
+    if "optimizer" not in payload or "rng" not in payload:
+        raise CheckpointError(
+            f"checkpoint {path} holds weights only (an average, ema.pt or average.pt): it translates but does not "
+            "resume; resume from last.pt"
+        )
     changed = config_changes(payload["model_config"], model_config)
     if changed:
         raise CheckpointError(

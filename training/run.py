@@ -68,9 +68,14 @@ def choose_test_weights(trainer: Trainer) -> Dict[str, Any]:
     p, ckpt_dir, bleu = trainer.progress, trainer.ckpt_dir, {}
     if (ckpt_dir / "best.pt").is_file():
         bleu["best.pt"] = p.best_bleu
-    if trainer.ema is not None and (ckpt_dir / "ema.pt").is_file() and "ema_bleu" in p.history[-1]:
+    if (
+        trainer.ema is not None
+        and (ckpt_dir / "ema.pt").is_file()
+        and p.history
+        and "ema_bleu" in p.history[-1]
+    ):
         bleu["ema.pt"] = p.history[-1]["ema_bleu"]
-    kept = last_checkpoints(ckpt_dir, trainer.tc.average_last or 0)
+    kept = last_checkpoints(ckpt_dir, trainer.tc.average_last or 0)  # none when average_last is off
     if len(kept) > 1:
         averaged = average_checkpoints(kept)
         save_checkpoint(averaged, ckpt_dir / "average.pt")

@@ -41,16 +41,6 @@ def schedule_horizon(tc: TrainerConfig, batches_per_epoch: int) -> Optional[int]
     return total_steps(tc, batches_per_epoch)
 
 
-def check_schedule(tc: TrainerConfig, horizon: Optional[int]) -> None:
-    """A fitted schedule needs a horizon: one line naming the keys that give it."""
-    if tc.schedule in FITTED and horizon is None:
-        raise ValueError(
-            f"trainer.schedule={tc.schedule} decays over the run's steps, which trainer.max_minutes alone "
-            "does not tell: set trainer.schedule_steps (steps/s in the log x seconds), trainer.max_steps "
-            "or trainer.max_epochs"
-        )
-
-
 def describe_schedule(tc: TrainerConfig, horizon: Optional[int]) -> str:
     """The log line of the learning-rate schedule: its peak, warm-up and, when fitted, its end."""
     if tc.schedule in FITTED:

@@ -45,7 +45,6 @@ from training.resume import adopt_best, check_resumable, remove_stale_temporarie
 from training.run_folder import resume_path, unlock_run_folder
 from training.signals import Interrupted, StopRequest
 from training.step import (
-    check_schedule,
     count_skipped,
     describe_schedule,
     learning_rate,
@@ -120,9 +119,10 @@ class Trainer:
             rank=self.world.rank,
             world_size=self.world.world_size,
         )
-        self.ema = ExponentialAverage(self.model, self.tc.ema_decay) if self.tc.ema_decay else None
+        # the moving average lives on rank 0, which alone evaluates and saves
+        use_ema = self.tc.ema_decay is not None and self.world.main
+        self.ema = ExponentialAverage(self.model, self.tc.ema_decay) if use_ema else None
         self.horizon = schedule_horizon(self.tc, len(self.sampler))  # where linear and cosine end
-        check_schedule(self.tc, self.horizon)
         self.resegmenter = resegmenter(self.data, data_cfg, cfg.seed)
         self.progress = Progress()
         self.ckpt_dir = self.out_dir / "checkpoints"
