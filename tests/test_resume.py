@@ -35,7 +35,8 @@ def test_batch_order_settings_are_the_data_the_batching_and_the_seed_but_not_pat
 
 
 def payload(**changes):
-    return {"model_config": dict(MODEL), "config": CONFIG, "tokenizer": {"src": b"spm"}, **changes}
+    state = {"optimizer": {}, "rng": {}}  # a checkpoint that resumes holds them (weights alone do not)
+    return {"model_config": dict(MODEL), "config": CONFIG, "tokenizer": {"src": b"spm"}, **state, **changes}
 
 
 def test_a_checkpoint_of_the_same_run_is_resumable_whatever_the_paths_and_the_rate():
