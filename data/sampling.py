@@ -33,13 +33,8 @@ class Resegmenter:
         seed: int,
         max_len: int,
     ):
-        self.tokenizer, self.plain, self.alpha, self.seed, self.max_len = (
-            tokenizer,
-            plain,
-            alpha,
-            seed,
-            max_len,
-        )
+        self.tokenizer, self.plain, self.max_len = tokenizer, plain, max_len
+        self.alpha, self.seed = alpha, seed
         self.src_text, self.tgt_text = text
 
     def example(self, index: int, epoch: int) -> Tuple[int, List[int], List[int]]:

@@ -46,7 +46,7 @@ def test_the_ema_update_is_a_lerp_towards_the_new_weights():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    ema.update(model, step=100)  # decay 0.5 at step 100
+    ema.update(step=100)  # decay 0.5 at step 100
     for name, value in ema.state_dict().items():
         assert torch.allclose(value, before[name] + 0.5)
     assert all(torch.equal(model.state_dict()[k], before[k] + 1.0) for k in before)  # the model is left alone

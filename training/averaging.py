@@ -26,23 +26,22 @@ class ExponentialAverage:
 
     def __init__(self, model: nn.Module, decay: float):
         self.decay = decay  # in (0, 1): training/config.py checks trainer.ema_decay
+        own = model.state_dict()  # views of the model's tensors: updated in place by every step
         self.state = {
             k: v.detach().clone().float() if v.is_floating_point() else v.detach().clone()
-            for k, v in model.state_dict().items()
+            for k, v in own.items()
         }
+        # (average, weights) pairs, found once: the update on every step does no lookups
+        self.floats = [(self.state[k], v) for k, v in own.items() if v.is_floating_point()]
+        self.others = [(self.state[k], v) for k, v in own.items() if not v.is_floating_point()]
 
     @torch.no_grad()
-    def update(self, model: nn.Module, step: int) -> None:
-        """Fold the weights after update ``step`` into the average."""
+    def update(self, step: int) -> None:
+        """Fold the model's weights after update ``step`` into the average."""
         weight = 1.0 - ema_decay_at(self.decay, step)
-        floats, news = [], []
-        for name, value in model.state_dict().items():
-            if value.is_floating_point():
-                floats.append(self.state[name])
-                news.append(value.detach().float())
-            else:
-                self.state[name].copy_(value)
-        torch._foreach_lerp_(floats, news, weight)
+        for average, value in self.others:
+            average.copy_(value)
+        torch._foreach_lerp_([a for a, _ in self.floats], [v.float() for _, v in self.floats], weight)
 
     def state_dict(self) -> Dict[str, Tensor]:
         return self.state

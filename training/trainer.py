@@ -283,7 +283,7 @@ class Trainer:
         if not stats.skipped:
             self.progress.step += 1
             if self.ema is not None:
-                self.ema.update(self.model, self.progress.step)
+                self.ema.update(self.progress.step)
         return stats
 
     def skip_bad_step(self, stats: StepStats, where: str) -> None:
