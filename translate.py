@@ -15,6 +15,10 @@ Within the tool, sentences are sorted by length and decoded ``--batch-size`` at 
   averaged over its heads. Subword weights are summed into words and every output word is aligned
   to its most-attended source word (``models/alignment.py``).
 - ``--plot DIR``: one PNG heatmap of that word attention per sentence, words on the axes.
+- ``--engine ctranslate2 --checkpoint EXPORT_DIR``: decode with CTranslate2 (C++, int8 on CPU) over
+  a folder of ``scripts/export_ctranslate2.py`` instead of our own search over a checkpoint; the
+  options and outputs are the same (``deploy/ctranslate2_engine.py`` says what it keeps equal).
+  ``--threads N`` sets the CPU threads of either engine.
 
 Bad input (missing or foreign checkpoint, bad option, unreadable file) prints one ``error:`` line
 on standard error and exits with 1 (2 for a bad command line). Heavy libraries are imported only
@@ -72,7 +76,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint",
         required=True,
         metavar="PATH",
-        help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt",
+        help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt (--engine ctranslate2: an export folder)",
+    )
+    add(
+        "--engine",
+        choices=("torch", "ctranslate2"),
+        default="torch",
+        help="torch: our own search over a checkpoint; ctranslate2: a folder of scripts/export_ctranslate2.py",
     )
     add("--input", metavar="FILE", help="read sentences from FILE, one a line")
     add("--output", metavar="FILE", help="write translations to FILE (replaced only when all are done)")
@@ -91,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--batch-size", type=int, default=64, help="sentences decoded together")
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    add("--threads", type=int, default=0, help="CPU threads (0: torch's or the engine's default)")
     add(
         "--max-len-ratio",
         type=float,
@@ -120,10 +131,44 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
     if args.sentences and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")
-    if not Path(args.checkpoint).is_file():
-        raise UsageError(f"checkpoint {args.checkpoint} does not exist")
+    if args.threads < 0:
+        raise UsageError(f"--threads {args.threads}: must be 0 (the default) or more")
+    check_model_path(Path(args.checkpoint), args.engine)
     if args.input and not Path(args.input).is_file():
         raise UsageError(f"input file {args.input} does not exist")
+
+
+def check_model_path(path: Path, engine: str) -> None:
+    """A checkpoint file for the torch engine, an export folder for CTranslate2; ``UsageError`` else."""
+    if not path.exists():
+        raise UsageError(f"checkpoint {path} does not exist")
+    if engine == "torch" and path.is_dir():
+        hint = (
+            "a CTranslate2 export: add --engine ctranslate2"
+            if (path / "export.json").is_file()
+            else "a folder"
+        )
+        raise UsageError(f"checkpoint {path} is {hint} (the torch engine takes a .pt file)")
+    if engine == "ctranslate2" and not path.is_dir():
+        raise UsageError(
+            f"--engine ctranslate2 takes an export folder, not {path}: make one with "
+            f"python scripts/export_ctranslate2.py {path} OUT_DIR"
+        )
+
+
+def load_translator(args: argparse.Namespace) -> "Translator":
+    """The Translator of ``--checkpoint`` on ``--device`` with ``--threads``, by ``--engine``."""
+    if args.engine == "ctranslate2":
+        from deploy.ctranslate2_engine import load_translator as load_export
+
+        return load_export(args.checkpoint, args.device, args.threads)
+    import torch
+
+    from training.translator import Translator
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return Translator.from_checkpoint(args.checkpoint, args.device)
 
 
 def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
@@ -258,11 +303,9 @@ def interactive(translator: "Translator", out: OutputFile, args: argparse.Namesp
 
 
 def run(args: argparse.Namespace) -> None:
-    from training.translator import Translator
-
     out = OutputFile(args.output)
     try:
-        translator = Translator.from_checkpoint(args.checkpoint, args.device)
+        translator = load_translator(args)
         show_warnings()
         if not args.sentences and not args.input and sys.stdin.isatty():
             interactive(translator, out, args)
@@ -282,11 +325,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
+        from deploy.export import ExportError
         from training.checkpoint import CheckpointError
 
         try:
             run(args)
-        except CheckpointError as error:
+        except (CheckpointError, ExportError) as error:
             raise UsageError(str(error)) from None
     except (UsageError, DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)

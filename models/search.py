@@ -30,7 +30,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options, output_limit
 from models.seq2seq import SOURCE_KEYS, map_state
 
 
@@ -56,11 +56,9 @@ def output_limits(
     if max_len is not None:
         if max_len < 1:
             raise ValueError(f"max_len={max_len} must be at least 1")
-        limits = [max_len] * src_mask.size(0)
-    else:
-        check_options(max_len_ratio=ratio, max_len_extra=extra)
-        limits = [max(1, int(ratio * n) + extra) for n in src_mask.sum(dim=1).tolist()]
-    return limits if cap is None else [min(limit, cap) for limit in limits]
+        return [max_len if cap is None else min(max_len, cap)] * src_mask.size(0)
+    check_options(max_len_ratio=ratio, max_len_extra=extra)
+    return [output_limit(n, ratio, extra, cap) for n in src_mask.sum(dim=1).tolist()]
 
 
 def top_log_probs(logits: Tensor, k: int, never: Tuple[int, ...]) -> Tuple[Tensor, Tensor]:

@@ -31,6 +31,13 @@ def option_problem(
     return None
 
 
+def output_limit(source_length: int, ratio: float, extra: int, cap: Optional[int] = None) -> int:
+    """The longest output of a source of ``source_length`` tokens (EOS included): ``ratio`` times it
+    plus ``extra``, at least 1, never more than ``cap`` (a model's ``max_positions``)."""
+    limit = max(1, int(ratio * source_length) + extra)
+    return limit if cap is None else min(limit, cap)
+
+
 def check_options(**options: float) -> None:
     """``ValueError`` naming the first option of ``option_problem`` out of range, as ``nbest=6: ...``."""
     problem = option_problem(**options)

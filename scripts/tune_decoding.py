@@ -91,7 +91,7 @@ def main(argv=None) -> int:
                 f"{args.src} has {len(sources)} lines, {args.ref} {len(references)}: they must be aligned"
             )
         translator = Translator.from_checkpoint(args.checkpoint, args.device)
-        set_threads(translator.device, args.threads)
+        set_threads(translator.engine.device, args.threads)
     except (CheckpointError, DataError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
 """Test helpers shared by several test files (plain functions and constants, not fixtures):
 composing the config, the tiny runs' overrides, TensorBoard scalars, slices of Multi30k, the
-scripts and entry points loaded as modules, and finished run folders written in train.py's format.
+scripts and entry points loaded as modules, translate.py's main run in this process, and finished
+run folders written in train.py's format.
 
 A run folder as ``train.py`` leaves it (``training/finish.py``: ``results_of``;
 ``training/run.py``: ``decode_tests``; ``training/trainer.py``: the ``valid/*`` scalars of each
@@ -11,10 +12,13 @@ and ``<split>.ref`` (one sentence a line) and ``tb/`` (TensorBoard events; compa
 ``train.py -m`` sweep.
 """
 
+import contextlib
 import copy
 import functools
 import importlib.util
+import io
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -219,3 +223,29 @@ LEARNING_FAMILIES = {
         "trainer.max_steps=300",
     ],
 }
+
+
+def translate(*args, stdin: str = "") -> subprocess.CompletedProcess:
+    """``translate.main(ARGS)`` in this process, with ``stdin`` as standard input; its exit code and
+    what it wrote, as a subprocess's."""
+    main = load_module("translate").main
+    out, err = io.StringIO(), io.StringIO()
+    saved_stdin = sys.stdin
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main([str(a) for a in args])
+            except SystemExit as stop:  # argparse's errors
+                code = stop.code
+    finally:
+        sys.stdin = saved_stdin
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
+def assert_one_error_line(done: subprocess.CompletedProcess, expected: str) -> None:
+    assert done.returncode != 0
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], done.stderr

@@ -8,8 +8,6 @@ so translating those sources must give back their references: a check of the who
 (checkpoint -> tokenizer -> batched search -> detokenized text in the input order).
 """
 
-import contextlib
-import io
 import logging
 import os
 import random
@@ -29,7 +27,7 @@ from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
 from training.checkpoint import load_checkpoint, load_model, save_checkpoint
 from training.translator import Translator
 
-from helpers import LEARNING_PAIRS, ROOT, load_module
+from helpers import LEARNING_PAIRS, ROOT, assert_one_error_line, translate
 
 FAMILIES = ["rnn", "transformer"]
 
@@ -44,24 +42,6 @@ def translate_process(*args, stdin: str = "", timeout: float = 120) -> subproces
         text=True,
         timeout=timeout,
     )
-
-
-def translate(*args, stdin: str = "") -> subprocess.CompletedProcess:
-    """``translate.main(ARGS)`` in this process, with ``stdin`` as standard input; its exit code and
-    what it wrote, as a subprocess's."""
-    main = load_module("translate").main
-    out, err = io.StringIO(), io.StringIO()
-    saved_stdin = sys.stdin
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8")
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = main([str(a) for a in args])
-            except SystemExit as stop:  # argparse's errors
-                code = stop.code
-    finally:
-        sys.stdin = saved_stdin
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -288,14 +268,6 @@ def bad_checkpoints(folder: Path, good: Path):
         ("foreign", foreign, "is not a checkpoint of this project"),
         ("mismatched config", mismatched, "does not match its model config"),
     ]
-
-
-def assert_one_error_line(done: subprocess.CompletedProcess, expected: str) -> None:
-    assert done.returncode != 0
-    assert done.stdout == ""
-    assert "Traceback" not in done.stderr
-    lines = done.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], done.stderr
 
 
 def test_bad_checkpoints_give_one_error_line(trained_slice_models, tmp_path):

@@ -73,11 +73,31 @@ def default_alpha(payload: Dict[str, Any]) -> float:
     return 1.0 if value is None else float(value)
 
 
-class Translator:
-    """A model and its tokenizer on one device, turning lists of sentences into translations."""
+class TorchEngine:
+    """Our own search (``models.search``) over a model on one device: the engine of a checkpoint."""
 
-    def __init__(self, model: nn.Module, tokenizer: Tokenizer, device: torch.device, alpha: float = 1.0):
-        self.model, self.tokenizer, self.device = model.eval(), tokenizer, device
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.model, self.device = model.eval(), device
+        self.max_positions: Optional[int] = getattr(model, "max_positions", None)  # None: no limit
+
+    def decode(self, batch: List[List[int]], **options: Any) -> List[List[Hypothesis]]:
+        """The n-best hypotheses of a batch of source id lists (``options``: of ``models.search.search``)."""
+        src = pad(batch, PAD_ID).to(self.device)  # (B, S)
+        src_mask = padding_mask_from_ids(src, PAD_ID)  # (B, S)
+        return search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
+
+
+class Translator:
+    """An engine and its tokenizer, turning lists of sentences into translations.
+
+    The engine decodes batches of source ids into ``models.search.Hypothesis`` lists: our own search
+    over a checkpoint's model (``TorchEngine``), or CTranslate2 over an export
+    (``deploy.ctranslate2_engine``). Everything around it (tokenizing, batching, blank lines, long
+    inputs, detokenizing, alignments) is this class, the same for both.
+    """
+
+    def __init__(self, engine: Any, tokenizer: Tokenizer, alpha: float = 1.0):
+        self.engine, self.tokenizer = engine, tokenizer
         self.alpha = alpha  # the default length penalty of ``translate``
 
     @classmethod
@@ -91,7 +111,7 @@ class Translator:
         """
         device = pick_device("auto" if device is None else str(device))
         model, tokenizer, payload = load_model(Path(path), device)
-        return cls(model, tokenizer, device, default_alpha(payload))
+        return cls(TorchEngine(model, device), tokenizer, default_alpha(payload))
 
     def translate(
         self,
@@ -132,7 +152,7 @@ class Translator:
         todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
         ids = self.encode([sentences[i] for i in todo], [first_line + i for i in todo])
         for chunk in length_batches([len(row) for row in ids], batch_size):
-            for k, hyps in zip(chunk, self.decode([ids[k] for k in chunk], **options)):
+            for k, hyps in zip(chunk, self.engine.decode([ids[k] for k in chunk], **options)):
                 results[todo[k]] = self.result(ids[k], hyps, alignments)
         return results
 
@@ -140,7 +160,7 @@ class Translator:
         """Source ids with EOS; a sentence too long for the model is cut, with a warning naming its line."""
         if not sentences:
             return []
-        limit = getattr(self.model, "max_positions", None)  # source ids, EOS included (None: no limit)
+        limit = self.engine.max_positions  # source ids, EOS included (None: no limit)
         encoded = []
         for number, ids in zip(numbers, self.tokenizer.encode_src(sentences)):
             if limit is not None and len(ids) + 1 > limit:
@@ -154,12 +174,6 @@ class Translator:
                 ids = ids[: limit - 1]
             encoded.append(ids + [EOS_ID])
         return encoded
-
-    def decode(self, batch: List[List[int]], **options: Any) -> List[List[Hypothesis]]:
-        """The n-best hypotheses of a batch of source id lists (``options``: of ``models.search.search``)."""
-        src = pad(batch, PAD_ID).to(self.device)  # (B, S)
-        src_mask = padding_mask_from_ids(src, PAD_ID)  # (B, S)
-        return search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
 
     def result(self, src_ids: List[int], hyps: List[Hypothesis], alignments: bool) -> Translation:
         """The ``Translation`` of one sentence: its best hypothesis, and all of them in ``nbest``."""

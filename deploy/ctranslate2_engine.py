@@ -1,0 +1,178 @@
+"""Translate with a CTranslate2 export: the engine behind ``translate.py --engine ctranslate2``.
+
+    from deploy.ctranslate2_engine import load_translator
+
+    translator = load_translator("exports/de-en-int8", threads=2)  # a training.translator.Translator
+    print(translator.translate(["Ein Mann schläft."], beam=5)[0].text)
+
+Only the decoding changes: ``CTranslate2Engine`` decodes the same source ids as ``TorchEngine`` into
+the same ``Hypothesis`` lists, so tokenizing, batching, long inputs, n-best lists, detokenizing and
+alignments are the Translator's, as for a checkpoint. Kept as in our own search:
+
+- the output never holds ``<pad>`` or ``<s>`` (suppressed), and may be empty (EOS first);
+- the length limit of each sentence (``max_len_ratio`` x its source tokens + ``max_len_extra``,
+  at most the model's ``max_positions``). A batch decodes up to its longest limit; a sentence whose
+  output ran past its own limit is decoded again alone with that limit;
+- the GNMT length penalty ``((5 + |y|) / 6) ** alpha``. The engine's own penalty is
+  ``|y| ** alpha``, so it runs with none (raw log-probabilities), returns the whole beam, and the
+  beam is ranked here with ours;
+- scores: the sum of token log-probabilities (EOS included), divided by the penalty for beams.
+  With ``<pad>`` and ``<s>`` suppressed the engine renormalises the other tokens' probabilities,
+  so its scores can be slightly higher than ours (by the little mass a trained model gives them);
+- alignments: the last decoder layer's cross-attention averaged over the heads (set in the spec);
+  the first row of beam hypotheses is mended (``CTranslate2Engine.mend_first_attention``).
+"""
+
+from pathlib import Path
+from typing import Any, Dict, List, Sequence, Tuple, Union
+
+import ctranslate2
+import torch
+
+from data.tokenizer import Tokenizer
+from deploy.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM, read_export
+from models.search import Hypothesis, length_penalty
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, output_limit
+from training.translator import Translator
+
+NEVER_OUTPUT = [["<pad>"], ["<s>"]]  # as models.search never picks PAD or BOS
+
+
+def engine_device(device: str) -> Tuple[str, int]:
+    """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> the engine's device name and index."""
+    if device == "auto":
+        return ("cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"), 0
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
+        raise ValueError(f"device {device!r}: choose auto, cpu, cuda or cuda:N")
+    return kind, int(index or 0)
+
+
+def export_tokenizer(folder: Path, info: Dict[str, Any]) -> Tokenizer:
+    """The SentencePiece model(s) written beside the engine's files."""
+    if info["joint_vocabulary"]:
+        return Tokenizer((folder / JOINT_SPM).read_bytes())
+    return Tokenizer((folder / SOURCE_SPM).read_bytes(), (folder / TARGET_SPM).read_bytes())
+
+
+class CTranslate2Engine:
+    """A CTranslate2 ``Translator`` over an export folder, decoding source id lists like ``TorchEngine``."""
+
+    def __init__(
+        self,
+        folder: Path,
+        tokenizer: Tokenizer,
+        max_positions: int,
+        device: str = "auto",
+        threads: int = 0,
+        compute_type: str = "default",
+    ):
+        kind, index = engine_device(device)
+        self.device = kind
+        self.translator = ctranslate2.Translator(
+            str(folder), device=kind, device_index=index, compute_type=compute_type, intra_threads=threads
+        )
+        self.max_positions = max_positions
+        self.src_pieces = tokenizer.src_pieces(range(tokenizer.src_vocab_size))  # id -> piece
+        self.tgt_ids = {
+            piece: i for i, piece in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))
+        }
+
+    def run(
+        self, batch: Sequence[List[int]], max_length: int, beam_size: int, need_weights: bool
+    ) -> List[Any]:
+        """The engine's results for source id lists (EOS included), up to ``max_length`` output tokens."""
+        return self.translator.translate_batch(
+            [[self.src_pieces[i] for i in ids] for ids in batch],
+            beam_size=beam_size,
+            num_hypotheses=beam_size,
+            length_penalty=0.0,  # raw log-probabilities: the GNMT penalty is applied in ``hypotheses``
+            min_decoding_length=0,  # EOS may come first, as in our search
+            max_decoding_length=max_length,
+            max_input_length=0,  # the Translator has cut long sources already
+            suppress_sequences=NEVER_OUTPUT,
+            return_scores=True,
+            return_attention=need_weights,
+        )
+
+    def hypotheses(
+        self, result: Any, source_length: int, limit: int, beam: int, alpha: float
+    ) -> List[Hypothesis]:
+        """One sentence's hypotheses, best first, scored as ``models.search`` scores them."""
+        found = []
+        for k, pieces in enumerate(result.hypotheses):
+            tokens = [self.tgt_ids[piece] for piece in pieces]
+            finished = len(tokens) < limit  # the engine stops at the limit without EOS
+            tokens = tokens[:limit]
+            score = result.scores[k]
+            if beam > 1:  # |y| counts EOS, as in models.search
+                score /= length_penalty(len(tokens) + int(finished), alpha)
+            attention = None
+            if result.attention:
+                rows = result.attention[k][: len(tokens)]
+                attention = torch.tensor(rows, dtype=torch.float32).reshape(
+                    len(rows), source_length
+                )  # (T, S)
+            found.append(Hypothesis(tokens, score, attention, finished=finished))
+        return sorted(found, key=lambda hyp: hyp.score, reverse=True)
+
+    def decode(
+        self,
+        batch: List[List[int]],
+        beam_size: int = 1,
+        alpha: float = 1.0,
+        nbest: int = 1,
+        need_weights: bool = False,
+        max_len_ratio: float = MAX_LEN_RATIO,
+        max_len_extra: int = MAX_LEN_EXTRA,
+    ) -> List[List[Hypothesis]]:
+        """The ``nbest`` best hypotheses of each source id list of ``batch`` (EOS included)."""
+        limits = [output_limit(len(ids), max_len_ratio, max_len_extra, self.max_positions) for ids in batch]
+        results = self.run(batch, max(limits), beam_size, need_weights)
+        for i, (ids, limit) in enumerate(zip(batch, limits)):
+            if limit < max(limits) and any(len(pieces) >= limit for pieces in results[i].hypotheses):
+                results[i] = self.run([ids], limit, beam_size, need_weights)[0]  # ran past its own limit
+        found = [
+            self.hypotheses(result, len(ids), limit, beam_size, alpha)[:nbest]
+            for result, ids, limit in zip(results, batch, limits)
+        ]
+        if need_weights and beam_size > 1:
+            self.mend_first_attention(batch, found)
+        return found
+
+    def mend_first_attention(self, batch: Sequence[List[int]], found: List[List[Hypothesis]]) -> None:
+        """Put the right attention into the first row of beam hypotheses.
+
+        CTranslate2 4.8's beam search returns, as the first row of every sentence's attention, the
+        first step's attention of one sentence of the batch (the rows after it are right; greedy
+        search is right). The first step reads ``<s>`` alone, the same in every hypothesis, so one
+        greedy step gives each sentence's row.
+        """
+        first = self.translator.translate_batch(
+            [[self.src_pieces[i] for i in ids] for ids in batch],
+            beam_size=1,
+            max_decoding_length=1,
+            min_decoding_length=0,
+            max_input_length=0,
+            suppress_sequences=NEVER_OUTPUT,
+            return_end_token=True,  # a first step that ends the output still has its row
+            return_attention=True,
+        )
+        for result, hyps in zip(first, found):
+            row = torch.tensor(result.attention[0][0], dtype=torch.float32)  # (S,)
+            for hyp in hyps:
+                if hyp.alignment is not None and len(hyp.alignment):
+                    hyp.alignment[0] = row
+
+
+def load_translator(
+    folder: Union[str, Path], device: str = "auto", threads: int = 0, compute_type: str = "default"
+) -> Translator:
+    """A ``Translator`` over an export of ``scripts/export_ctranslate2.py`` (``deploy.export.ExportError``
+    when ``folder`` is not one). ``threads``: the engine's threads (0: its default); ``compute_type``:
+    ``default`` runs the stored weight type, ``int8`` / ``float32`` / ... convert when loading."""
+    folder = Path(folder)
+    info = read_export(folder)
+    tokenizer = export_tokenizer(folder, info)
+    engine = CTranslate2Engine(folder, tokenizer, int(info["max_positions"]), device, threads, compute_type)
+    return Translator(engine, tokenizer, float(info["length_penalty"]))

@@ -1,0 +1,150 @@
+"""Export a Transformer checkpoint to a CTranslate2 model folder that translates on its own.
+
+The folder holds what the engine reads (``model.bin``, ``config.json``, the vocabularies as
+``shared_vocabulary.json`` or ``source_``/``target_vocabulary.json``), the SentencePiece model(s)
+(``sentencepiece.model``, or ``source.model`` and ``target.model``) and ``export.json``: what was
+exported (checkpoint, step, model config, quantization) and what translating needs beside the
+engine (the default length penalty, the longest input, whether the vocabulary is joint).
+
+The folder is written under a temporary name beside ``OUT_DIR`` and renamed into place when
+complete, so a failed export leaves nothing half-written, and an existing ``OUT_DIR`` is never
+replaced.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from common.files import current_umask
+
+INFO_FILE = "export.json"
+FORMAT = 1
+QUANTIZATIONS = ("int8", "int16", "float32")  # the weight types an export may store
+JOINT_SPM, SOURCE_SPM, TARGET_SPM = "sentencepiece.model", "source.model", "target.model"
+
+
+class ExportError(Exception):
+    """A checkpoint that cannot be exported or a folder that is not an export; the message says why."""
+
+
+def export_problem(model_config: Dict[str, Any]) -> Optional[str]:
+    """Why a model of ``model_config`` (a checkpoint's ``model_config``) cannot run in CTranslate2, or None."""
+    name = model_config.get("name")
+    if name == "rnn":
+        return "model rnn: CTranslate2 runs Transformers only, not RNN encoder-decoders (translate it with translate.py)"
+    if name != "transformer":
+        return f"model {name!r}: only a transformer can be exported"
+    if model_config.get("norm", "pre") not in ("pre", "post"):
+        return f"model.norm={model_config.get('norm')!r}: only pre and post can be exported"
+    if model_config.get("positions", "sinusoidal") not in ("sinusoidal", "learned"):
+        return (
+            f"model.positions={model_config.get('positions')!r}: only sinusoidal and learned can be exported"
+        )
+    return None
+
+
+def check_target(out_dir: Path) -> None:
+    """Refuse an output folder that exists and is not empty, or whose parent is missing."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ExportError(f"{out_dir} already exists: give a new folder (an export never replaces one)")
+    if not out_dir.parent.is_dir():
+        raise ExportError(f"folder {out_dir.parent} does not exist: create it or give another OUT_DIR")
+
+
+def export_info(payload: Dict[str, Any], checkpoint: Path, quantization: str, joint: bool) -> Dict[str, Any]:
+    """The contents of ``export.json``."""
+    import ctranslate2
+
+    from training.translator import default_alpha
+
+    model_config = dict(payload["model_config"])
+    return {
+        "format": FORMAT,
+        "engine": f"ctranslate2 {ctranslate2.__version__}",
+        "checkpoint": str(checkpoint),
+        "step": (payload.get("progress") or {}).get("step"),
+        "quantization": quantization,
+        "model_config": model_config,
+        "max_positions": int(model_config["max_positions"]),
+        "length_penalty": default_alpha(payload),
+        "joint_vocabulary": joint,
+    }
+
+
+def write_folder(folder: Path, spec: Any, tokenizer: Any, info: Dict[str, Any]) -> None:
+    """The engine's files, the SentencePiece model(s) and ``export.json`` into the new ``folder``."""
+    spec.save(str(folder))
+    if tokenizer.joint:
+        (folder / JOINT_SPM).write_bytes(tokenizer.src_model)
+    else:
+        (folder / SOURCE_SPM).write_bytes(tokenizer.src_model)
+        (folder / TARGET_SPM).write_bytes(tokenizer.tgt_model)
+    (folder / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def export_checkpoint(checkpoint: Path, out_dir: Path, quantization: str = "int8") -> Dict[str, Any]:
+    """Export ``checkpoint`` (a Transformer of train.py) to the new folder ``out_dir``; returns its info.
+
+    ``quantization``: the weight type stored (``int8``, ``int16`` or ``float32``); the engine may run
+    a float32 export in int8 too (``compute_type``). Raises ``ExportError`` (and
+    ``training.checkpoint.CheckpointError`` for an unreadable checkpoint) in one line.
+    """
+    if quantization not in QUANTIZATIONS:
+        raise ExportError(f"quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
+    check_target(out_dir)
+    from training.checkpoint import load_checkpoint, load_model
+
+    payload = load_checkpoint(checkpoint)
+    problem = export_problem(dict(payload["model_config"]))
+    if problem is not None:
+        raise ExportError(f"{checkpoint} cannot be exported: {problem}")
+    from deploy.ctranslate2_spec import transformer_spec
+
+    model, tokenizer, payload = load_model(checkpoint)
+    positions = model.positions.learned if model.cfg.positions == "learned" else model.positions.table
+    src_vocab = tokenizer.src_pieces(range(tokenizer.src_vocab_size))
+    tgt_vocab = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
+    spec = transformer_spec(
+        model.cfg, model.state_dict(), positions[: model.cfg.max_positions], src_vocab, tgt_vocab
+    )
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    info = export_info(payload, checkpoint, quantization, tokenizer.joint)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        write_folder(staging, spec, tokenizer, info)
+        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes the folder private
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (check_target); a folder that filled meanwhile makes this fail
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return info
+
+
+def read_export(folder: Path) -> Dict[str, Any]:
+    """``export.json`` of an export folder, checked; ``ExportError`` naming what is missing."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ExportError(f"{folder} is not a folder: give the OUT_DIR of scripts/export_ctranslate2.py")
+    path = folder / INFO_FILE
+    if not path.is_file():
+        raise ExportError(f"{folder} holds no {INFO_FILE}: not a folder of scripts/export_ctranslate2.py")
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ExportError(f"{path} cannot be read: {error}") from None
+    found = info.get("format") if isinstance(info, dict) else None
+    if found != FORMAT:
+        raise ExportError(
+            f"{path} has format {found!r}, this version reads {FORMAT}: export the checkpoint again"
+        )
+    needed = ["model.bin"] + ([JOINT_SPM] if info.get("joint_vocabulary") else [SOURCE_SPM, TARGET_SPM])
+    missing = [name for name in needed if not (folder / name).is_file()]
+    if missing:
+        raise ExportError(f"{folder} lacks {', '.join(missing)}: export the checkpoint again")
+    return info
