@@ -65,7 +65,9 @@ def test_float32_export_decodes_greedily_like_our_search(checkpoint, exports, va
     ours = token_ids(Translator.from_checkpoint(checkpoint, "cpu"), valid_sources)
     engine = token_ids(load_translator(exports["float32"], "cpu", threads=2), valid_sources)
     differ = [i for i, (a, b) in enumerate(zip(ours, engine)) if a != b]
-    print(f"greedy: {len(valid_sources) - len(differ)}/{len(valid_sources)} equal token for token; differ: {differ}")
+    print(
+        f"greedy: {len(valid_sources) - len(differ)}/{len(valid_sources)} equal token for token; differ: {differ}"
+    )
     assert len(differ) <= 0.02 * len(valid_sources), differ
 
 
@@ -101,7 +103,9 @@ def test_the_export_translates_without_the_checkpoint(checkpoint, pairs, tmp_pat
     after = translate("--engine", "ctranslate2", "--checkpoint", out, *options)
     assert after.returncode == 0, after.stderr
     assert after.stdout == before.stdout and len(after.stdout.splitlines()) == len(sources)
-    nbest = translate("--engine", "ctranslate2", "--checkpoint", out, "--nbest", "3", *options).stdout.splitlines()
+    nbest = translate(
+        "--engine", "ctranslate2", "--checkpoint", out, "--nbest", "3", *options
+    ).stdout.splitlines()
     assert len(nbest) == len(nbest_before.stdout.splitlines()) == 3 * len(sources)
     for i in range(len(sources)):
         lines = [line.split("\t")[0].split(" ||| ") for line in nbest[3 * i : 3 * i + 3]]
@@ -117,7 +121,9 @@ def test_every_layout_exports(norm, positions, checkpoint, valid_sources, tmp_pa
     """Pre- and post-norm, sinusoidal and learned positions, separate output layer: fresh random
     weights (scaled up, so that the outputs are long and varied) decode alike in both engines."""
     payload = load_checkpoint(checkpoint)
-    config = dict(payload["model_config"], norm=norm, positions=positions, max_positions=128, tie_output=False)
+    config = dict(
+        payload["model_config"], norm=norm, positions=positions, max_positions=128, tie_output=False
+    )
     torch.manual_seed(0)
     vocab = payload["model"]["tgt_embed.embedding.weight"].size(0)
     model = build_model(config_from_dict(config), vocab, vocab)
