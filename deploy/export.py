@@ -4,7 +4,7 @@ The folder holds what the engine reads (``model.bin``, ``config.json``, the voca
 ``shared_vocabulary.json`` or ``source_``/``target_vocabulary.json``), the SentencePiece model(s)
 (``sentencepiece.model``, or ``source.model`` and ``target.model``) and ``export.json``: what was
 exported (checkpoint, step, model config, quantization) and what translating needs beside the
-engine (the default length penalty, the longest input, whether the vocabulary is joint).
+engine (the default length penalty, the longest input, whether the vocabulary is joint, the languages).
 
 The folder is written under a temporary name beside ``OUT_DIR`` and renamed into place when
 complete, so a failed export leaves nothing half-written, and an existing ``OUT_DIR`` is never
@@ -61,6 +61,7 @@ def export_info(payload: Dict[str, Any], checkpoint: Path, quantization: str, jo
     from training.translator import default_alpha
 
     model_config = dict(payload["model_config"])
+    data = (payload.get("config") or {}).get("data") or {}
     return {
         "format": FORMAT,
         "engine": f"ctranslate2 {ctranslate2.__version__}",
@@ -71,6 +72,7 @@ def export_info(payload: Dict[str, Any], checkpoint: Path, quantization: str, jo
         "max_positions": int(model_config["max_positions"]),
         "length_penalty": default_alpha(payload),
         "joint_vocabulary": joint,
+        "languages": {"src": data.get("src"), "tgt": data.get("tgt")},
     }
 
 

@@ -17,9 +17,15 @@ the checkpoint) is timed separately, as a run on an empty input, and left out of
     python scripts/benchmark.py translate --checkpoint rnn=outputs/rnn/checkpoints/best.pt \\
         --checkpoint transformer=outputs/tf/checkpoints/best.pt --data ../multi30k --beams 1 5
 
+A ``PATH`` that is a folder of ``scripts/export_ctranslate2.py`` runs ``translate.py --engine
+ctranslate2`` (the deployment comparison of the README, "Deploying a model")::
+
+    python scripts/benchmark.py translate --data ../multi30k --threads 2 --checkpoint ours=RUN/checkpoints/best.pt \\
+        --checkpoint ct2-float32=exports/f32 --checkpoint ct2-int8=exports/int8
+
 Each decoding case runs ``--repeats`` times; the table shows the fastest run (the least disturbed
-by other work on the machine) and BLEU of its output, a check that the outputs are real
-translations.
+by other work on the machine), the peak resident memory of its process, and BLEU of its output,
+a check that the outputs are real translations; then each model's speed against the first.
 """
 
 import argparse
@@ -31,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     decoding.add_argument("--batch-size", type=int, default=64)
     decoding.add_argument("--device", default="cpu")
     decoding.add_argument("--repeats", type=int, default=1)
+    decoding.add_argument("--threads", type=int, default=0, help="translate.py --threads (0: its default)")
     tr = commands.add_parser("translate", parents=[decoding], help="decoding speed of translate.py")
     tr.add_argument(
         "--checkpoint",
@@ -106,52 +113,68 @@ def read_split(folder: Path, split: str, lang: str) -> List[str]:
     return read_lines(path)
 
 
-def timed_run(command: List[str]) -> float:
-    start = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"error: {' '.join(command)} failed: {done.stderr.strip()}")
-    return seconds
+def timed_run(command: List[str]) -> Tuple[float, float]:
+    """Wall seconds and peak resident memory (MiB) of ``command``, a process of its own."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(process.pid, 0)  # this child's own rusage
+        seconds = time.perf_counter() - start
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            err.seek(0)
+            raise SystemExit(
+                f"error: {' '.join(command)} failed: {err.read().decode(errors='replace').strip()}"
+            )
+    return seconds, usage.ru_maxrss / 1024  # Linux: KiB
+
+
+def model_under_test(path: Path) -> Tuple[str, Any, Dict[str, Any], Optional[int]]:
+    """(engine, tokenizer, languages ``{"src", "tgt"}``, parameters) of a checkpoint or an export folder."""
+    from models.build import count_parameters
+    from training.checkpoint import load_model
+
+    if path.is_dir():
+        from deploy.ctranslate2_engine import export_tokenizer
+        from deploy.export import read_export
+
+        info = read_export(path)
+        return "ctranslate2 " + info["quantization"], export_tokenizer(path, info), info["languages"], None
+    model, tokenizer, payload = load_model(path)
+    return "torch", tokenizer, payload["config"]["data"], count_parameters(model)
 
 
 def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
     import sacrebleu
 
-    from models.build import count_parameters
-    from training.checkpoint import load_model
-
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for spec in args.checkpoint:
             name, _, path = spec.partition("=")
-            model, tokenizer, payload = load_model(Path(path))
-            data = payload["config"]["data"]
+            engine, tokenizer, data, params = model_under_test(Path(path))
             sources = read_split(Path(args.data), args.split, data["src"])
             references = read_split(Path(args.data), args.split, data["tgt"])
             src_file, empty = Path(scratch) / "src.txt", Path(scratch) / "empty.txt"
             src_file.write_text("".join(line + "\n" for line in sources), encoding="utf-8")
             empty.write_text("")
             for beam in args.beams:
-                base = [
-                    sys.executable,
-                    "translate.py",
-                    "--checkpoint",
-                    str(Path(path).resolve()),
+                base = [sys.executable, "translate.py", "--checkpoint", str(Path(path).resolve())]
+                base += [
+                    "--engine",
+                    engine.split()[0],
                     "--beam",
                     str(beam),
                     "--batch-size",
                     str(args.batch_size),
-                    "--device",
-                    args.device,
                 ]
+                base += ["--device", args.device, "--threads", str(args.threads)]
                 out_file = Path(scratch) / "out.txt"
                 runs = []
                 for _ in range(args.repeats):
-                    startup = timed_run(base + ["--input", str(empty), "--output", str(out_file)])
-                    total = timed_run(base + ["--input", str(src_file), "--output", str(out_file)])
-                    runs.append((total - startup, startup, total))
-                decode, startup, total = min(runs)
+                    startup, _ = timed_run(base + ["--input", str(empty), "--output", str(out_file)])
+                    total, peak = timed_run(base + ["--input", str(src_file), "--output", str(out_file)])
+                    runs.append((total - startup, startup, total, peak))
+                decode, startup, total, peak = min(runs)
                 hyps = out_file.read_text(encoding="utf-8").splitlines()
                 tokens = sum(
                     len(ids) + 1 for ids in tokenizer.encode_tgt(hyps)
@@ -160,7 +183,8 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
                 rows.append(
                     {
                         "model": name,
-                        "params": count_parameters(model),
+                        "engine": engine,
+                        "params": params,
                         "beam": beam,
                         "sentences": len(sources),
                         "startup_s": round(startup, 2),
@@ -168,6 +192,7 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
                         "total_s": round(total, 2),
                         "sentences_per_s": round(len(sources) / decode, 1) if timed else None,
                         "tokens_per_s": round(tokens / decode, 1) if timed else None,
+                        "peak_memory_mib": round(peak, 1),
                         "bleu": round(sacrebleu.corpus_bleu(hyps, [references]).score, 2),
                     }
                 )
@@ -176,6 +201,7 @@ def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
         "benchmark": "translate",
         "split": args.split,
         "batch_size": args.batch_size,
+        "threads": args.threads,
         "device": args.device,
         "machine": machine(),
         "date": time.strftime("%Y-%m-%d"),
@@ -320,12 +346,13 @@ def train_table(result: Dict[str, Any]) -> str:
 
 
 def translate_table(result: Dict[str, Any]) -> str:
+    threads = result.get("threads") or "default"
     lines = [
-        f"translate.py on {result['split']}, batch {result['batch_size']}, device {result['device']}; "
-        f"{result['machine']}; {result['date']}",
+        f"translate.py on {result['split']}, batch {result['batch_size']}, device {result['device']}, "
+        f"threads {threads}; {result['machine']}; {result['date']}",
         "",
-        "| model | beam | start-up s | decode s | sentences/s | tokens/s | BLEU |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | engine | beam | start-up s | decode s | sentences/s | tokens/s | peak MiB | BLEU |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
         rates = (
@@ -334,7 +361,8 @@ def translate_table(result: Dict[str, Any]) -> str:
             else "(below start-up noise) | -"
         )
         lines.append(
-            f"| {r['model']} | {r['beam']} | {r['startup_s']:.2f} | {r['decode_s']:.2f} | {rates} | {r['bleu']:.2f} |"
+            f"| {r['model']} | {r.get('engine', 'torch')} | {r['beam']} | {r['startup_s']:.2f} | "
+            f"{r['decode_s']:.2f} | {rates} | {r.get('peak_memory_mib', 0):,.0f} | {r['bleu']:.2f} |"
         )
     by_model: Dict[str, Dict[int, float]] = {}
     for r in result["rows"]:
@@ -343,6 +371,14 @@ def translate_table(result: Dict[str, Any]) -> str:
         if 1 in times and len(times) > 1:
             ratios = ", ".join(f"beam {b}: {t / times[1]:.2f}x" for b, t in sorted(times.items()) if b != 1)
             lines.append(f"\n{model}: decode time against greedy: {ratios}")
+    first = result["rows"][0]["model"] if result["rows"] else None
+    for beam in sorted({r["beam"] for r in result["rows"]}):
+        same = {r["model"]: r["decode_s"] for r in result["rows"] if r["beam"] == beam}
+        if first in same and len(same) > 1 and same[first] > 0:
+            speedups = ", ".join(
+                f"{m}: {same[first] / t:.2f}x" for m, t in same.items() if m != first and t > 0
+            )
+            lines.append(f"\nbeam {beam}, speed against {first}: {speedups}")
     return "\n".join(lines) + "\n"
 
 

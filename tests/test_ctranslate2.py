@@ -7,6 +7,7 @@ fresh random weights: equality of the decoded tokens proves the map of every wei
 weights have learned.
 """
 
+import json
 import shutil
 import subprocess
 import sys
@@ -178,3 +179,29 @@ def script_run(checkpoint, out):
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.slow  # translate.py in four processes
+def test_translate_benchmark_compares_the_engines(checkpoint, exports, multi30k_slice, tmp_path):
+    out = tmp_path / "bench"
+    command = [
+        sys.executable,
+        "scripts/benchmark.py",
+        "translate",
+        "--data",
+        str(multi30k_slice),
+        "--beams",
+        "5",
+    ]
+    command += ["--threads", "1", "--out", str(out), "--checkpoint", f"ours={checkpoint}"]
+    command += ["--checkpoint", f"int8={exports['int8']}"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(r["model"], r["engine"], r["beam"]) for r in rows] == [
+        ("ours", "torch", 5),
+        ("int8", "ctranslate2 int8", 5),
+    ]
+    assert all(r["sentences"] == 30 and r["peak_memory_mib"] > 50 and r["bleu"] >= 0 for r in rows)
+    markdown = out.with_suffix(".md").read_text()
+    assert "| int8 | ctranslate2 int8 | 5 |" in markdown and "beam 5, speed against ours: int8: " in markdown
