@@ -143,10 +143,10 @@ def check_model_path(path: Path, engine: str) -> None:
     if not path.exists():
         raise UsageError(f"checkpoint {path} does not exist")
     if engine == "torch" and path.is_dir():
+        from deploy.export import INFO_FILE  # no torch
+
         hint = (
-            "a CTranslate2 export: add --engine ctranslate2"
-            if (path / "export.json").is_file()
-            else "a folder"
+            "a CTranslate2 export: add --engine ctranslate2" if (path / INFO_FILE).is_file() else "a folder"
         )
         raise UsageError(f"checkpoint {path} is {hint} (the torch engine takes a .pt file)")
     if engine == "ctranslate2" and not path.is_dir():
@@ -162,12 +162,11 @@ def load_translator(args: argparse.Namespace) -> "Translator":
         from deploy.ctranslate2_engine import load_translator as load_export
 
         return load_export(args.checkpoint, args.device, args.threads)
-    import torch
-
+    from training.device import pick_device, set_threads
     from training.translator import Translator
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_threads(pick_device(args.device), args.threads)
     return Translator.from_checkpoint(args.checkpoint, args.device)
 
 

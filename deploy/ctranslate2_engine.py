@@ -12,10 +12,13 @@ alignments are the Translator's, as for a checkpoint. Kept as in our own search:
 - the output never holds ``<pad>`` or ``<s>`` (suppressed), and may be empty (EOS first);
 - the length limit of each sentence (``max_len_ratio`` x its source tokens + ``max_len_extra``,
   at most the model's ``max_positions``). A batch decodes up to its longest limit; a sentence whose
-  output ran past its own limit is decoded again alone with that limit;
-- the GNMT length penalty ``((5 + |y|) / 6) ** alpha``. The engine's own penalty is
-  ``|y| ** alpha``, so it runs with none (raw log-probabilities), returns the whole beam, and the
-  beam is ranked here with ours;
+  output ran past its own limit is decoded again alone with that limit (greedy output is then
+  exactly ours; a beam that went past the limit and came back with shorter outputs only is kept);
+- the GNMT length penalty ``((5 + |y|) / 6) ** alpha`` ranks the beam. The engine's own penalty is
+  ``|y| ** alpha``, so it runs with none (raw log-probabilities) and returns its ``K`` best, which
+  are ranked here with ours. Its beam stops on its own rule (once the best hypothesis and ``K`` in
+  all have ended, where ours goes on while a live one can still win), so a beam may differ from
+  ours in a rare sentence;
 - scores: the sum of token log-probabilities (EOS included), divided by the penalty for beams.
   With ``<pad>`` and ``<s>`` suppressed the engine renormalises the other tokens' probabilities,
   so its scores can be slightly higher than ours (by the little mass a trained model gives them);
@@ -30,29 +33,38 @@ import ctranslate2
 import torch
 
 from data.tokenizer import Tokenizer
-from deploy.export import JOINT_SPM, SOURCE_SPM, TARGET_SPM, read_export
+from deploy.export import ExportError, read_export, spm_files
 from models.search import Hypothesis, length_penalty
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, output_limit
 from training.translator import Translator
 
 NEVER_OUTPUT = [["<pad>"], ["<s>"]]  # as models.search never picks PAD or BOS
+EOS_PIECE = "</s>"
+
+
+def ran_past(pieces: List[str], limit: int) -> bool:
+    """Whether an output (EOS included when it ended) went on after step ``limit``, where our search
+    would have stopped it: ``limit`` tokens that are not EOS, or more."""
+    return len(pieces) - int(bool(pieces) and pieces[-1] == EOS_PIECE) >= limit
 
 
 def engine_device(device: str) -> Tuple[str, int]:
     """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> the engine's device name and index."""
+    gpus = ctranslate2.get_cuda_device_count()
     if device == "auto":
-        return ("cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"), 0
+        return ("cuda" if gpus > 0 else "cpu"), 0
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
         raise ValueError(f"device {device!r}: choose auto, cpu, cuda or cuda:N")
+    if kind == "cuda" and int(index or 0) >= gpus:
+        raise ValueError(f"device {device!r}: CTranslate2 sees {gpus} CUDA device(s) here; use --device cpu")
     return kind, int(index or 0)
 
 
 def export_tokenizer(folder: Path, info: Dict[str, Any]) -> Tokenizer:
     """The SentencePiece model(s) written beside the engine's files."""
-    if info["joint_vocabulary"]:
-        return Tokenizer((folder / JOINT_SPM).read_bytes())
-    return Tokenizer((folder / SOURCE_SPM).read_bytes(), (folder / TARGET_SPM).read_bytes())
+    models = [(folder / name).read_bytes() for name in spm_files(bool(info["joint_vocabulary"]))]
+    return Tokenizer(*models)
 
 
 class CTranslate2Engine:
@@ -69,9 +81,15 @@ class CTranslate2Engine:
     ):
         kind, index = engine_device(device)
         self.device = kind
-        self.translator = ctranslate2.Translator(
-            str(folder), device=kind, device_index=index, compute_type=compute_type, intra_threads=threads
-        )
+        try:
+            self.translator = ctranslate2.Translator(
+                str(folder), device=kind, device_index=index, compute_type=compute_type, intra_threads=threads
+            )
+        except (RuntimeError, ValueError, OSError) as error:  # a damaged model.bin, config or vocabulary
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ExportError(
+                f"CTranslate2 cannot load {folder} ({first}): export the checkpoint again"
+            ) from None
         self.max_positions = max_positions
         self.src_pieces = tokenizer.src_pieces(range(tokenizer.src_vocab_size))  # id -> piece
         self.tgt_ids = {
@@ -91,28 +109,26 @@ class CTranslate2Engine:
             max_decoding_length=max_length,
             max_input_length=0,  # the Translator has cut long sources already
             suppress_sequences=NEVER_OUTPUT,
+            return_end_token=True,  # tells an ended output from one cut at the limit, with its attention row
             return_scores=True,
             return_attention=need_weights,
         )
 
-    def hypotheses(
-        self, result: Any, source_length: int, limit: int, beam: int, alpha: float
-    ) -> List[Hypothesis]:
+    def hypotheses(self, result: Any, source_length: int, beam: int, alpha: float) -> List[Hypothesis]:
         """One sentence's hypotheses, best first, scored as ``models.search`` scores them."""
         found = []
         for k, pieces in enumerate(result.hypotheses):
-            tokens = [self.tgt_ids[piece] for piece in pieces]
-            finished = len(tokens) < limit  # the engine stops at the limit without EOS
-            tokens = tokens[:limit]
+            finished = bool(pieces) and pieces[-1] == EOS_PIECE
+            tokens = [self.tgt_ids[piece] for piece in (pieces[:-1] if finished else pieces)]
             score = result.scores[k]
             if beam > 1:  # |y| counts EOS, as in models.search
                 score /= length_penalty(len(tokens) + int(finished), alpha)
             attention = None
-            if result.attention:
-                rows = result.attention[k][: len(tokens)]
+            if result.attention:  # one row per output token, EOS included, as models.search gives
+                rows = result.attention[k]
                 attention = torch.tensor(rows, dtype=torch.float32).reshape(
                     len(rows), source_length
-                )  # (T, S)
+                )  # (T + 1, S)
             found.append(Hypothesis(tokens, score, attention, finished=finished))
         return sorted(found, key=lambda hyp: hyp.score, reverse=True)
 
@@ -130,11 +146,10 @@ class CTranslate2Engine:
         limits = [output_limit(len(ids), max_len_ratio, max_len_extra, self.max_positions) for ids in batch]
         results = self.run(batch, max(limits), beam_size, need_weights)
         for i, (ids, limit) in enumerate(zip(batch, limits)):
-            if limit < max(limits) and any(len(pieces) >= limit for pieces in results[i].hypotheses):
+            if limit < max(limits) and any(ran_past(pieces, limit) for pieces in results[i].hypotheses):
                 results[i] = self.run([ids], limit, beam_size, need_weights)[0]  # ran past its own limit
         found = [
-            self.hypotheses(result, len(ids), limit, beam_size, alpha)[:nbest]
-            for result, ids, limit in zip(results, batch, limits)
+            self.hypotheses(result, len(ids), beam_size, alpha)[:nbest] for result, ids in zip(results, batch)
         ]
         if need_weights and beam_size > 1:
             self.mend_first_attention(batch, found)

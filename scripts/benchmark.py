@@ -139,19 +139,34 @@ def model_under_test(path: Path) -> Tuple[str, Any, Dict[str, Any], Optional[int
         from deploy.export import read_export
 
         info = read_export(path)
-        return "ctranslate2 " + info["quantization"], export_tokenizer(path, info), info["languages"], None
+        return (
+            "ctranslate2 " + info["quantization"],
+            export_tokenizer(path, info),
+            info.get("languages") or {},
+            None,
+        )
     model, tokenizer, payload = load_model(path)
-    return "torch", tokenizer, payload["config"]["data"], count_parameters(model)
+    return "torch", tokenizer, (payload.get("config") or {}).get("data") or {}, count_parameters(model)
 
 
 def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
     import sacrebleu
 
+    from deploy.export import ExportError
+    from training.checkpoint import CheckpointError
+
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for spec in args.checkpoint:
             name, _, path = spec.partition("=")
-            engine, tokenizer, data, params = model_under_test(Path(path))
+            try:
+                engine, tokenizer, data, params = model_under_test(Path(path))
+            except (CheckpointError, ExportError) as error:
+                raise SystemExit(f"error: {error}") from None
+            if not data.get("src") or not data.get("tgt"):
+                raise SystemExit(
+                    f"error: {path} names no languages (data.src, data.tgt): not a run of train.py"
+                )
             sources = read_split(Path(args.data), args.split, data["src"])
             references = read_split(Path(args.data), args.split, data["tgt"])
             src_file, empty = Path(scratch) / "src.txt", Path(scratch) / "empty.txt"

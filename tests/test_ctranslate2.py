@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import ctranslate2
 import pytest
 import sacrebleu
 import torch
@@ -63,13 +64,41 @@ def token_ids(translator: Translator, sentences, beam: int = 1):
 
 
 def test_float32_export_decodes_greedily_like_our_search(checkpoint, exports, valid_sources):
-    ours = token_ids(Translator.from_checkpoint(checkpoint, "cpu"), valid_sources)
-    engine = token_ids(load_translator(exports["float32"], "cpu", threads=2), valid_sources)
+    ours_translator = Translator.from_checkpoint(checkpoint, "cpu")
+    engine_translator = load_translator(exports["float32"], "cpu", threads=2)
+    ours, engine = token_ids(ours_translator, valid_sources), token_ids(engine_translator, valid_sources)
     differ = [i for i, (a, b) in enumerate(zip(ours, engine)) if a != b]
     print(
         f"greedy: {len(valid_sources) - len(differ)}/{len(valid_sources)} equal token for token; differ: {differ}"
     )
     assert len(differ) <= 0.02 * len(valid_sources), differ
+    # the same word alignments where the outputs are equal
+    ours_aligned = ours_translator.translate(valid_sources, beam=1, alignments=True)
+    engine_aligned = engine_translator.translate(valid_sources, beam=1, alignments=True)
+    same = [i for i in range(len(valid_sources)) if i not in differ]
+    assert [ours_aligned[i].alignment for i in same] == [engine_aligned[i].alignment for i in same]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_length_limit_is_ours(checkpoint, exports, valid_sources, beam):
+    """Limits short enough that most outputs are cut: the same tokens, the same ``finished`` flags
+    and scores (greedy: exactly ours; a beam: the best hypothesis of nearly every sentence)."""
+    limits = dict(beam_size=beam, alpha=1.0, max_len_ratio=0.3, max_len_extra=1)
+    sentences = valid_sources[:60]
+    found = []
+    for translator in (
+        Translator.from_checkpoint(checkpoint, "cpu"),
+        load_translator(exports["float32"], "cpu"),
+    ):
+        ids = translator.encode(sentences, range(1, len(sentences) + 1))
+        found.append([hyps[0] for hyps in translator.engine.decode(ids, **limits)])
+    ours, engine = found
+    assert sum(not hyp.finished for hyp in ours) > len(sentences) / 2  # the limit is what is tested
+    same = [a.tokens == b.tokens and a.finished == b.finished for a, b in zip(ours, engine)]
+    assert sum(same) >= (1.0 if beam == 1 else 0.9) * len(sentences)
+    for a, b, equal in zip(ours, engine, same):
+        if equal:
+            assert b.score == pytest.approx(a.score, rel=1e-2, abs=1e-2)
 
 
 def test_int8_beam_search_keeps_bleu(checkpoint, exports, pairs):
@@ -91,7 +120,7 @@ def test_int8_beam_search_keeps_bleu(checkpoint, exports, pairs):
 
 def test_the_export_translates_without_the_checkpoint(checkpoint, pairs, tmp_path):
     """The script, then translate.py on the folder alone: the translations and alignments the
-    checkpoint gave, and n-best lists in the same format."""
+    checkpoint gave, and n-best lists whose first lines are those translations."""
     copy = tmp_path / "model.pt"
     shutil.copy(checkpoint, copy)
     out = tmp_path / "export"
@@ -99,7 +128,6 @@ def test_the_export_translates_without_the_checkpoint(checkpoint, pairs, tmp_pat
     sources = pairs[0][:12]
     options = ["--beam", "4", "--alignments", "--threads", "1", *sources]
     before = translate("--checkpoint", copy, *options)
-    nbest_before = translate("--checkpoint", copy, "--nbest", "3", *options)
     copy.unlink()
     after = translate("--engine", "ctranslate2", "--checkpoint", out, *options)
     assert after.returncode == 0, after.stderr
@@ -107,12 +135,10 @@ def test_the_export_translates_without_the_checkpoint(checkpoint, pairs, tmp_pat
     nbest = translate(
         "--engine", "ctranslate2", "--checkpoint", out, "--nbest", "3", *options
     ).stdout.splitlines()
-    assert len(nbest) == len(nbest_before.stdout.splitlines()) == 3 * len(sources)
-    for i in range(len(sources)):
-        lines = [line.split("\t")[0].split(" ||| ") for line in nbest[3 * i : 3 * i + 3]]
-        assert [index for index, _, _ in lines] == [str(i)] * 3
-        scores = [float(score) for _, _, score in lines]
-        assert scores == sorted(scores, reverse=True)
+    assert len(nbest) == 3 * len(sources)
+    firsts = [nbest[3 * i].split(" ||| ") for i in range(len(sources))]
+    assert [index for index, _, _ in firsts] == [str(i) for i in range(len(sources))]
+    assert [text + "\t" + rest.split("\t")[1] for _, text, rest in firsts] == after.stdout.splitlines()
     assert read_export(out)["quantization"] == "float32"
 
 
@@ -141,6 +167,26 @@ def test_every_layout_exports(norm, positions, checkpoint, valid_sources, tmp_pa
     assert sum(a == b for a, b in zip(ours, engine)) >= 0.95 * len(sentences)
 
 
+def test_separate_vocabularies_export(checkpoint, valid_sources, tmp_path):
+    """A source and a target SentencePiece model (here two copies of one) and separate embeddings
+    (the trained one, twice): ``source.model`` and ``target.model`` in the folder, and the same
+    greedy output in both engines."""
+    payload = load_checkpoint(checkpoint)
+    config = dict(payload["model_config"], share_embeddings=False)
+    weights = dict(payload["model"])
+    weights["src_embed.embedding.weight"] = weights["tgt_embed.embedding.weight"].clone()
+    spm = payload["tokenizer"]["src_model"]
+    path = tmp_path / "separate.pt"
+    tokenizer = {"src_model": spm, "tgt_model": spm}
+    save_checkpoint(dict(payload, model=weights, model_config=config, tokenizer=tokenizer), path)
+    info = export_checkpoint(path, tmp_path / "export", "float32")
+    assert not info["joint_vocabulary"]
+    assert {"source.model", "target.model"} <= {p.name for p in (tmp_path / "export").iterdir()}
+    sentences = valid_sources[:40]
+    ours = token_ids(Translator.from_checkpoint(path, "cpu"), sentences)
+    assert token_ids(load_translator(tmp_path / "export", "cpu", threads=1), sentences) == ours
+
+
 def test_an_rnn_checkpoint_is_refused_in_one_line(trained_slice_models, tmp_path):
     out = tmp_path / "export"
     done = script_run(trained_slice_models["rnn"][1], out)
@@ -159,6 +205,9 @@ def test_an_existing_folder_is_never_replaced(checkpoint, tmp_path):
 def test_bad_inputs_give_one_error_line(checkpoint, exports, tmp_path):
     not_export = tmp_path / "plain"
     not_export.mkdir()
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exports["int8"], damaged)
+    (damaged / "model.bin").write_bytes((damaged / "model.bin").read_bytes()[:1000])
     assert_one_error_line(script_run(tmp_path / "missing.pt", tmp_path / "out"), "does not exist")
     cases = [
         (["--engine", "ctranslate2", "--checkpoint", checkpoint], "takes an export folder"),
@@ -166,8 +215,29 @@ def test_bad_inputs_give_one_error_line(checkpoint, exports, tmp_path):
         (["--engine", "ctranslate2", "--checkpoint", not_export], "holds no export.json"),
         (["--engine", "ctranslate2", "--checkpoint", exports["int8"], "--device", "tpu"], "device 'tpu'"),
     ]
+    if ctranslate2.get_cuda_device_count() == 0:
+        cases.append(
+            (["--engine", "ctranslate2", "--checkpoint", exports["int8"], "--device", "cuda"], "sees 0 CUDA")
+        )
     for args, expected in cases:
         assert_one_error_line(translate(*args, "Ein Mann."), expected)
+    # a damaged model file, in a process of its own (the engine is C++: a crash must not take pytest)
+    damaged_run = subprocess.run(
+        [
+            sys.executable,
+            "translate.py",
+            "--engine",
+            "ctranslate2",
+            "--checkpoint",
+            str(damaged),
+            "Ein Mann.",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert_one_error_line(damaged_run, "CTranslate2 cannot load")
 
 
 def script_run(checkpoint, out):

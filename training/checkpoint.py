@@ -139,7 +139,13 @@ def load_model(path: Path, device: Any = "cpu") -> Tuple[nn.Module, Tokenizer, D
 
     Everything comes from the file: model config, weights and SentencePiece models.
     """
-    payload = load_checkpoint(path)
+    return model_of(load_checkpoint(path), path, device)
+
+
+def model_of(
+    payload: Dict[str, Any], path: Path, device: Any = "cpu"
+) -> Tuple[nn.Module, Tokenizer, Dict[str, Any]]:
+    """``load_model`` of a checkpoint already read from ``path`` (named in the errors)."""
     if "tokenizer" not in payload:
         raise CheckpointError(f"{path} holds no tokenizer (not a checkpoint of this project)")
     try:

@@ -7,7 +7,9 @@
         print(result.text, result.score, result.alignment, [hyp.text for hyp in result.nbest])
 
 ``translate`` returns one ``Translation`` per sentence, in the input order. Sentences are sorted by
-length and decoded ``batch_size`` at a time with ``models.search.search`` (greedy for a beam of 1).
+length and decoded ``batch_size`` at a time by the translator's engine: ``models.search.search``
+over a checkpoint's model (greedy for a beam of 1), or CTranslate2 over an export
+(``deploy.ctranslate2_engine.load_translator``).
 A blank sentence gives an empty translation (score 0) without decoding. A sentence longer than the
 model takes is cut, with a warning on the logger ``training.translator``.
 """
