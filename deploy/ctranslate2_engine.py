@@ -42,10 +42,15 @@ NEVER_OUTPUT = [["<pad>"], ["<s>"]]  # as models.search never picks PAD or BOS
 EOS_PIECE = "</s>"
 
 
+def ended(pieces: List[str]) -> bool:
+    """Whether an output of the engine (run with its end token) ended with EOS, not at the limit."""
+    return bool(pieces) and pieces[-1] == EOS_PIECE
+
+
 def ran_past(pieces: List[str], limit: int) -> bool:
-    """Whether an output (EOS included when it ended) went on after step ``limit``, where our search
-    would have stopped it: ``limit`` tokens that are not EOS, or more."""
-    return len(pieces) - int(bool(pieces) and pieces[-1] == EOS_PIECE) >= limit
+    """Whether an output went on after step ``limit``, where our search would have stopped it:
+    ``limit`` tokens that are not EOS, or more."""
+    return len(pieces) - int(ended(pieces)) >= limit
 
 
 def engine_device(device: str) -> Tuple[str, int]:
@@ -118,7 +123,7 @@ class CTranslate2Engine:
         """One sentence's hypotheses, best first, scored as ``models.search`` scores them."""
         found = []
         for k, pieces in enumerate(result.hypotheses):
-            finished = bool(pieces) and pieces[-1] == EOS_PIECE
+            finished = ended(pieces)
             tokens = [self.tgt_ids[piece] for piece in (pieces[:-1] if finished else pieces)]
             score = result.scores[k]
             if beam > 1:  # |y| counts EOS, as in models.search
@@ -144,9 +149,10 @@ class CTranslate2Engine:
     ) -> List[List[Hypothesis]]:
         """The ``nbest`` best hypotheses of each source id list of ``batch`` (EOS included)."""
         limits = [output_limit(len(ids), max_len_ratio, max_len_extra, self.max_positions) for ids in batch]
-        results = self.run(batch, max(limits), beam_size, need_weights)
+        longest = max(limits)
+        results = self.run(batch, longest, beam_size, need_weights)
         for i, (ids, limit) in enumerate(zip(batch, limits)):
-            if limit < max(limits) and any(ran_past(pieces, limit) for pieces in results[i].hypotheses):
+            if limit < longest and any(ran_past(pieces, limit) for pieces in results[i].hypotheses):
                 results[i] = self.run([ids], limit, beam_size, need_weights)[0]  # ran past its own limit
         found = [
             self.hypotheses(result, len(ids), beam_size, alpha)[:nbest] for result, ids in zip(results, batch)
@@ -163,16 +169,7 @@ class CTranslate2Engine:
         search is right). The first step reads ``<s>`` alone, the same in every hypothesis, so one
         greedy step gives each sentence's row.
         """
-        first = self.translator.translate_batch(
-            [[self.src_pieces[i] for i in ids] for ids in batch],
-            beam_size=1,
-            max_decoding_length=1,
-            min_decoding_length=0,
-            max_input_length=0,
-            suppress_sequences=NEVER_OUTPUT,
-            return_end_token=True,  # a first step that ends the output still has its row
-            return_attention=True,
-        )
+        first = self.run(batch, 1, 1, True)  # with its end token, a first step that is EOS has its row too
         for result, hyps in zip(first, found):
             row = torch.tensor(result.attention[0][0], dtype=torch.float32)  # (S,)
             for hyp in hyps:
