@@ -169,7 +169,8 @@ class CTranslate2Engine:
         search is right). The first step reads ``<s>`` alone, the same in every hypothesis, so one
         greedy step gives each sentence's row.
         """
-        first = self.run(batch, 1, 1, True)  # with its end token, a first step that is EOS has its row too
+        # with its end token, a first step that is EOS has its row too
+        first = self.run(batch, max_length=1, beam_size=1, need_weights=True)
         for result, hyps in zip(first, found):
             row = torch.tensor(result.attention[0][0], dtype=torch.float32)  # (S,)
             for hyp in hyps:
