@@ -12,23 +12,31 @@ sequence shifted), which is what the encoder and decoder compute over. Sorting p
 before packing keeps the padding low.
 """
 
-import random
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
-from data.specials import BOS_ID, EOS_ID, PAD_ID
+from data.arrays import TokenArrays, offsets_of
+from data.specials import PAD_ID
+
+Sequences = Union[TokenArrays, Sequence[Sequence[int]]]
+
+
+def token_arrays(sequences: Sequences) -> TokenArrays:
+    return sequences if isinstance(sequences, TokenArrays) else TokenArrays.from_lists(sequences)
 
 
 class ParallelDataset(Dataset):
-    """Aligned source and target id sequences (without BOS/EOS) of one split."""
+    """Aligned source and target id sequences (without BOS/EOS) of one split, as ``TokenArrays``
+    (lists of id lists are converted)."""
 
-    def __init__(self, src: List[List[int]], tgt: List[List[int]]):
-        assert len(src) == len(tgt), "source and target must be aligned"
-        self.src, self.tgt = src, tgt
+    def __init__(self, src: Sequences, tgt: Sequences):
+        self.src, self.tgt = token_arrays(src), token_arrays(tgt)
+        assert len(self.src) == len(self.tgt), "source and target must be aligned"
 
     def __len__(self) -> int:
         return len(self.src)
@@ -36,13 +44,17 @@ class ParallelDataset(Dataset):
     def __getitem__(self, index: int) -> Tuple[int, List[int], List[int]]:
         return index, self.src[index], self.tgt[index]
 
-    def src_lengths(self) -> List[int]:
-        """Length of every ``src`` row: tokens + EOS."""
-        return [len(ids) + 1 for ids in self.src]
+    def src_lengths(self) -> np.ndarray:
+        """``(N,)`` length of every ``src`` row: tokens + EOS."""
+        return self.src.lengths + 1
 
-    def tgt_lengths(self) -> List[int]:
-        """Length of every ``tgt_in`` / ``tgt_out`` row: tokens + BOS (or EOS)."""
-        return [len(ids) + 1 for ids in self.tgt]
+    def tgt_lengths(self) -> np.ndarray:
+        """``(N,)`` length of every ``tgt_in`` / ``tgt_out`` row: tokens + BOS (or EOS)."""
+        return self.tgt.lengths + 1
+
+    def batch(self, indices: Sequence[int]) -> "Batch":
+        """The pairs ``indices`` as a padded ``Batch``."""
+        return make_batch(self.src, self.tgt, np.asarray(indices, dtype=np.int64))
 
 
 @dataclass
@@ -67,58 +79,71 @@ class Batch:
 def pad(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
     """List of id lists -> ``(B, L)`` long tensor padded with ``pad_id`` after each row's end
     (``L`` the longest row; ``(0, 0)`` for no rows)."""
-    longest = max((len(seq) for seq in sequences), default=0)
-    out = torch.full((len(sequences), longest), pad_id, dtype=torch.long)  # (B, L)
-    for row, seq in enumerate(sequences):
-        out[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-    return out
+    return TokenArrays.from_lists(sequences).padded(np.arange(len(sequences)), pad_id=pad_id)
 
 
-def collate(examples: Sequence[Tuple[int, List[int], List[int]]]) -> Batch:
-    """``(index, src ids, tgt ids)`` examples -> a padded ``Batch`` (EOS, BOS added here)."""
-    indices, src, tgt = zip(*examples)
-    src_rows = [ids + [EOS_ID] for ids in src]
+def make_batch(
+    src: TokenArrays, tgt: TokenArrays, rows: np.ndarray, indices: Optional[np.ndarray] = None
+) -> Batch:
+    """Rows ``rows`` of aligned ``src`` and ``tgt`` -> a padded ``Batch`` (EOS, BOS added here);
+    ``indices`` are the pairs' positions in their split (default: ``rows``)."""
+    src_lengths = src.lengths[rows] + 1  # (B,)
     return Batch(
-        src=pad(src_rows),  # (B, S)
-        src_lengths=torch.tensor([len(row) for row in src_rows]),  # (B,)
-        tgt_in=pad([[BOS_ID] + ids for ids in tgt]),  # (B, T)
-        tgt_out=pad([ids + [EOS_ID] for ids in tgt]),  # (B, T)
-        tgt_lengths=torch.tensor([len(ids) + 1 for ids in tgt]),  # (B,)
-        indices=torch.tensor(indices),  # (B,)
+        src=src.padded(rows, eos=True),  # (B, S)
+        src_lengths=torch.from_numpy(src_lengths),  # (B,)
+        tgt_in=tgt.padded(rows, bos=True),  # (B, T)
+        tgt_out=tgt.padded(rows, eos=True),  # (B, T)
+        tgt_lengths=torch.from_numpy(tgt.lengths[rows] + 1),  # (B,)
+        indices=torch.from_numpy(np.asarray(rows if indices is None else indices, dtype=np.int64)),  # (B,)
     )
 
 
+def collate(examples: Sequence[Tuple[int, Sequence[int], Sequence[int]]]) -> Batch:
+    """``(index, src ids, tgt ids)`` examples -> a padded ``Batch`` (EOS, BOS added here)."""
+    indices, src, tgt = zip(*examples)
+    rows = np.arange(len(examples))
+    return make_batch(TokenArrays.from_lists(src), TokenArrays.from_lists(tgt), rows, np.asarray(indices))
+
+
 def pack(
-    order: Sequence[int], src_lengths: Sequence[int], tgt_lengths: Sequence[int], batch_tokens: int
-) -> List[List[int]]:
+    order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray, batch_tokens: int
+) -> List[np.ndarray]:
     """Cut ``order`` into consecutive batches whose padded size stays within ``batch_tokens``.
 
-    A batch of ``n`` pairs costs ``n * (longest src + longest tgt)``; a pair that alone exceeds the
-    budget forms a batch of its own.
+    A batch of ``n`` pairs costs ``n * (longest src + longest tgt)``; each batch takes as many of
+    the next pairs as fit (a pair that alone exceeds the budget forms a batch of its own). One
+    vectorised step per batch: the cost of every prefix of a window is non-decreasing, so the
+    number that fit is a binary search.
     """
-    batches: List[List[int]] = []
-    current: List[int] = []
-    longest_src = longest_tgt = 0
-    for index in order:
-        src_len = max(longest_src, src_lengths[index])
-        tgt_len = max(longest_tgt, tgt_lengths[index])
-        if current and (len(current) + 1) * (src_len + tgt_len) > batch_tokens:
-            batches.append(current)
-            current, src_len, tgt_len = [], src_lengths[index], tgt_lengths[index]
-        current.append(index)
-        longest_src, longest_tgt = src_len, tgt_len
-    if current:
-        batches.append(current)
-    return batches
+    order = np.asarray(order, dtype=np.int64)
+    src = np.asarray(src_lengths, dtype=np.int64)[order]  # (N,) in batch order
+    tgt = np.asarray(tgt_lengths, dtype=np.int64)[order]  # (N,)
+    starts, start, n = [], 0, len(order)
+    while start < n:
+        # no batch from here holds more than this: every pair costs at least the first one's lengths
+        window = max(1, min(n - start, batch_tokens // int(src[start] + tgt[start])))
+        counts = np.arange(1, window + 1)  # (W,)
+        cost = (
+            counts
+            * (  # (W,) the cost of the first 1, 2, ..., W pairs
+                np.maximum.accumulate(src[start : start + window])
+                + np.maximum.accumulate(tgt[start : start + window])
+            )
+        )
+        starts.append(start)
+        start += max(1, int(np.searchsorted(cost, batch_tokens, side="right")))
+    return np.split(order, starts[1:])
 
 
-class TokenBucketSampler(Sampler[List[int]]):
+class TokenBucketSampler(Sampler[np.ndarray]):
     """Batches of pair indices of similar length within a token budget.
 
-    Training (``shuffle=True``): each epoch the pairs are shuffled, stably sorted by length (so
-    equal lengths mix differently every epoch), packed, and the batches shuffled; the order is a
-    function of ``(seed, epoch)`` only. Evaluation (``shuffle=False``): pairs sorted by length,
-    batches in that order; ``Batch.indices`` gives the original positions back.
+    Training (``shuffle=True``): each epoch the pairs are sorted by source length, then target
+    length, then a random key (so equal lengths mix differently every epoch), packed, and the
+    batches shuffled; the order is a function of ``(seed, epoch)`` only (NumPy's PCG64 seeded with
+    both). Evaluation (``shuffle=False``): pairs sorted by length (ties in input order), batches in
+    that order; ``Batch.indices`` gives the original positions back. Lengths are NumPy arrays and
+    every step is vectorised but the packing (one step per batch).
 
     Data parallel: rank ``r`` of ``world_size`` takes batches ``r, r + world_size, ...`` of the
     epoch's list, so the shards are disjoint. Every rank gets the same number of batches (a rank with
@@ -140,31 +165,31 @@ class TokenBucketSampler(Sampler[List[int]]):
             raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, {world_size})")
-        self.src_lengths, self.tgt_lengths = list(src_lengths), list(tgt_lengths)
+        self.src_lengths = np.asarray(src_lengths, dtype=np.int64)  # (N,)
+        self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)  # (N,)
         self.batch_tokens, self.shuffle, self.seed = batch_tokens, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
-        self._cache: Dict[int, List[List[int]]] = {}
+        self._cache: Dict[int, List[np.ndarray]] = {}
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def epoch_batches(self, epoch: Optional[int] = None) -> List[List[int]]:
-        """All batches of an epoch, across every rank."""
+    def epoch_batches(self, epoch: Optional[int] = None) -> List[np.ndarray]:
+        """All batches of an epoch, across every rank: arrays of pair indices."""
         epoch = self.epoch if epoch is None else epoch
         if epoch not in self._cache:
             self._cache = {epoch: self._make_batches(epoch)}  # keep one epoch: the current one
         return self._cache[epoch]
 
-    def _make_batches(self, epoch: int) -> List[List[int]]:
-        order = list(range(len(self.src_lengths)))
-        rng = random.Random(self.seed * 1_000_003 + epoch)
-        if self.shuffle:
-            rng.shuffle(order)
-        order.sort(key=lambda i: (self.src_lengths[i], self.tgt_lengths[i]))
+    def _make_batches(self, epoch: int) -> List[np.ndarray]:
+        n = len(self.src_lengths)
+        rng = np.random.default_rng([self.seed, epoch])
+        ties = rng.permutation(n) if self.shuffle else np.arange(n)  # (N,) the last sort key
+        order = np.lexsort((ties, self.tgt_lengths, self.src_lengths))  # (N,) by src, tgt, ties
         batches = pack(order, self.src_lengths, self.tgt_lengths, self.batch_tokens)
         if self.shuffle:
-            rng.shuffle(batches)
+            batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
 
     def shard(self) -> List[List[int]]:
@@ -182,10 +207,12 @@ class TokenBucketSampler(Sampler[List[int]]):
 
 def padding_ratio(sampler: TokenBucketSampler) -> float:
     """Share of the batch tensors' positions that are padding, over one epoch of ``sampler``."""
-    padded = real = 0
-    for batch in sampler.epoch_batches():
-        src = [sampler.src_lengths[i] for i in batch]
-        tgt = [sampler.tgt_lengths[i] for i in batch]
-        padded += len(batch) * (max(src) + max(tgt))
-        real += sum(src) + sum(tgt)
-    return 1.0 - real / padded if padded else 0.0
+    batches = sampler.epoch_batches()
+    if not batches:
+        return 0.0
+    order = np.concatenate(batches)  # (N,) the epoch's pairs, batch after batch
+    sizes = np.array([len(batch) for batch in batches])  # (K,)
+    starts = offsets_of(sizes)[:-1]  # (K,) where each batch begins
+    src, tgt = sampler.src_lengths[order], sampler.tgt_lengths[order]  # (N,)
+    padded = int((sizes * (np.maximum.reduceat(src, starts) + np.maximum.reduceat(tgt, starts))).sum())
+    return 1.0 - int(src.sum() + tgt.sum()) / padded

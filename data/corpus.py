@@ -1,9 +1,12 @@
-"""Read and validate parallel text: a local folder in the raw Multi30k layout, the user's own files,
-or a data set from the Hugging Face hub (downloaded once into that same raw layout).
+"""Find and read parallel text: a local folder in the raw Multi30k layout, the user's own files,
+or a data set from the Hugging Face hub.
 
-Every source ends in one reader, ``read_parallel``, so every check holds for all of them. A corpus
-is a dict ``split name -> list of (source, target) strings``: ``train``, ``val`` and one entry per
-``test_*`` split. Bad input raises ``DataError`` with a one-line message that names the file(s)
+A corpus is a dict ``split name -> source of (source, target) pairs``: ``train``, ``val`` and one
+entry per ``test_*`` split. A source streams its pairs (``pairs()``), so a training corpus larger
+than memory is read line by line, and says what it is made of (``fingerprint()``) without reading
+it: the token store (``data/store.py``) is keyed by it. Files are read by one reader,
+``FileSplit``, so every check holds for all of them; hub splits stream from the Arrow files that
+``datasets`` keeps. Bad input raises ``DataError`` with a one-line message that names the file(s)
 and says what to do.
 """
 
@@ -15,18 +18,17 @@ import re
 import socket
 import threading
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 from urllib.parse import urlparse
 
-from common.files import write_lines
 from data.config import DataConfig, FilePair, HubConfig
 from data.errors import DataError
 
 log = logging.getLogger(__name__)
 
 Pairs = List[Tuple[str, str]]
-Corpus = Dict[str, Pairs]  # split name -> aligned (source, target) pairs
 
 TRAIN, VALID, TEST_PREFIX = "train", "val", "test"
 _SPLIT_FILE = re.compile(r"^(?P<split>train|val|test\w*)\.(?P<lang>[A-Za-z_-]+?)(?:\.gz)?$")
@@ -55,29 +57,86 @@ def decode_lines(raw: bytes, name: str) -> List[str]:
     return [line.rstrip("\r") for line in lines]
 
 
-def read_lines(path: Path) -> List[str]:
-    """Lines of a UTF-8 text file, plain or gzip (by the ``.gz`` suffix), without line ends."""
+def open_binary(path: Path):
+    """``path`` opened for reading bytes, through gzip when it ends in ``.gz``."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: file not found")
-    opener = gzip.open if path.suffix == ".gz" else open
+    return (gzip.open if path.suffix == ".gz" else open)(path, "rb")
+
+
+def stream_lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 text file, plain or gzip (by the ``.gz`` suffix), one at a time, without
+    line ends or a leading BOM (the same lines as ``decode_lines`` of the whole file)."""
+    stream = open_binary(path)
+    number = 0
     try:
-        with opener(path, "rb") as stream:
-            raw = stream.read()
+        with stream:
+            for number, raw in enumerate(stream, start=1):
+                if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                    raw = raw[len(codecs.BOM_UTF8) :]
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise DataError(
+                        f"{path} line {number}: invalid UTF-8 ({error.reason}); "
+                        f"re-encode it as UTF-8, e.g. with iconv -t UTF-8"
+                    ) from None
+                yield line.rstrip("\n").rstrip("\r")
     except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
-        raise DataError(f"{path}: cannot read it ({error}); replace the file with an intact copy") from None
-    return decode_lines(raw, str(path))
+        raise DataError(
+            f"{path}: cannot read it after line {number} ({error}); replace the file with an intact copy"
+        ) from None
+
+
+def read_lines(path: Path) -> List[str]:
+    """Every line of a UTF-8 text file (``stream_lines``), as a list."""
+    return list(stream_lines(path))
+
+
+def file_fingerprint(path: Path) -> List[Any]:
+    """What tells a file's content apart without reading it: its path, size and modification time."""
+    info = Path(path).stat()
+    return [os.fspath(Path(path).resolve()), info.st_size, info.st_mtime_ns]
+
+
+@dataclass(frozen=True)
+class FileSplit:
+    """One split as two aligned text files (plain or .gz)."""
+
+    src: Path
+    tgt: Path
+
+    def pairs(self) -> Iterator[Tuple[str, str]]:
+        """The aligned (source, target) pairs, streamed; two files of different lengths raise
+        ``DataError`` naming both and their line counts (once the shorter one ends)."""
+        src_lines, tgt_lines = stream_lines(self.src), stream_lines(self.tgt)
+        count = 0
+        for count, src in enumerate(src_lines, start=1):
+            tgt = next(tgt_lines, None)
+            if tgt is None:
+                self.mismatch(count - 1 + 1 + sum(1 for _ in src_lines), count - 1)
+            yield src, tgt
+        rest = sum(1 for _ in tgt_lines)
+        if rest:
+            self.mismatch(count, count + rest)
+
+    def mismatch(self, src_count: int, tgt_count: int) -> None:
+        raise DataError(
+            f"{self.src} has {src_count} lines but {self.tgt} has {tgt_count}: the two sides of a split "
+            f"must be aligned line by line"
+        )
+
+    def fingerprint(self) -> List[Any]:
+        return [file_fingerprint(self.src), file_fingerprint(self.tgt)]
+
+    def describe(self) -> str:
+        return f"{self.src} / {self.tgt}"
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> Pairs:
     """Aligned (source, target) pairs from two files of the same number of lines."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the two sides of a split "
-            f"must be aligned line by line"
-        )
-    return list(zip(src, tgt))
+    return list(FileSplit(Path(src_path), Path(tgt_path)).pairs())
 
 
 # --- sources ------------------------------------------------------------------------------------
@@ -95,7 +154,10 @@ def split_files(root: Path) -> Dict[str, Dict[str, Path]]:
     return found
 
 
-def load_folder(root: Path, src: str, tgt: str) -> Corpus:
+Corpus = Dict[str, Any]  # split name -> FileSplit or HubSplit: anything with pairs() and fingerprint()
+
+
+def folder_splits(root: Path, src: str, tgt: str) -> Dict[str, FileSplit]:
     """Train, val and every ``test_*`` split of a folder in the raw Multi30k layout."""
     root = Path(root)
     if not root.is_dir():
@@ -116,16 +178,16 @@ def load_folder(root: Path, src: str, tgt: str) -> Corpus:
                 raise DataError(
                     f"{root / f'{required}.{lang}'}[.gz]: file not found; the folder needs train and val splits"
                 )
-    corpus = {}
+    splits = {}
     for split, by_lang in files.items():
         if src in by_lang and tgt in by_lang:
-            corpus[split] = read_parallel(by_lang[src], by_lang[tgt])
+            splits[split] = FileSplit(by_lang[src], by_lang[tgt])
         elif split.startswith(TEST_PREFIX):
             log.warning("skipping %s: it has no %s file", split, src if src not in by_lang else tgt)
-    return corpus
+    return splits
 
 
-def load_files(files: Dict[str, FilePair]) -> Corpus:
+def own_splits(files: Dict[str, FilePair]) -> Dict[str, FileSplit]:
     """The user's own parallel files: ``{split: FilePair}`` with at least train and val."""
     for required in (TRAIN, VALID):
         if required not in files:
@@ -135,12 +197,7 @@ def load_files(files: Dict[str, FilePair]) -> Corpus:
             raise DataError(
                 f"data.files.{split}: unknown split name; use train, val, or a name starting with 'test'"
             )
-    return {split: read_parallel(Path(pair.src), Path(pair.tgt)) for split, pair in files.items()}
-
-
-def hub_cache_folder(cache_dir: str, hub: HubConfig) -> Path:
-    key = hub.path.replace("/", "--") + (f"--{hub.name}" if hub.name else "")
-    return Path(cache_dir) / "datasets" / key
+    return {split: FileSplit(Path(pair.src), Path(pair.tgt)) for split, pair in files.items()}
 
 
 def check_hub_reachable(timeout: float = 5.0) -> bool:
@@ -177,71 +234,93 @@ def hub_offline() -> bool:
     )
 
 
-def download_hub(cfg: DataConfig, folder: Path) -> None:
-    """Download ``cfg.hub`` for ``cfg.src``/``cfg.tgt`` and write it to ``folder`` in the raw layout."""
-    hub = cfg.hub
-    where = f"{hub.path}" + (f" ({hub.name})" if hub.name else "")
-    if not hub_offline() and not check_hub_reachable():
-        raise DataError(
-            f"cannot reach the Hugging Face hub to download {where}; set data.root=DIR to a local "
-            f"folder of {{split}}.{{lang}}[.gz] files (the raw Multi30k layout)"
-        )
-    import datasets
+def hub_name(hub: HubConfig) -> str:
+    return f"{hub.path}" + (f" ({hub.name})" if hub.name else "")
 
-    log.info("downloading %s from the Hugging Face hub into %s", where, folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for ours, theirs in hub.splits.items():
+
+@dataclass
+class HubSplit:
+    """One split of a hub data set, streamed from the Arrow files that ``datasets`` downloads
+    once into ``cache_dir`` and memory-maps (no text files in between)."""
+
+    hub: HubConfig
+    split: str  # the hub's split name
+    src: str
+    tgt: str
+    cache_dir: Path
+    records: Any = field(default=None, repr=False)  # the datasets.Dataset, once loaded
+
+    def load(self) -> Any:
+        """The split's records, downloaded on first use; an unreachable hub is one line."""
+        if self.records is not None:
+            return self.records
+        where = hub_name(self.hub)
+        if not Path(self.hub.path).is_dir() and not hub_offline() and not check_hub_reachable():
+            raise DataError(
+                f"cannot reach the Hugging Face hub to download {where}; set data.root=DIR to a local "
+                f"folder of {{split}}.{{lang}}[.gz] files (the raw Multi30k layout)"
+            )
+        import datasets
+
+        log.info("loading split '%s' of %s (downloaded once into %s)", self.split, where, self.cache_dir)
         try:
             records = datasets.load_dataset(
-                hub.path, hub.name, split=theirs, cache_dir=str(folder.parent / "hf")
+                self.hub.path, self.hub.name, split=self.split, cache_dir=str(self.cache_dir)
             )
         except Exception as error:  # network, missing data set or split: one line, with the way out
             first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
             raise DataError(
-                f"could not load split '{theirs}' of {where} from the hub ({first_line}); "
+                f"could not load split '{self.split}' of {where} from the hub ({first_line}); "
                 f"check data.hub or set data.root=DIR to a local copy"
             ) from None
-        for lang in (cfg.src, cfg.tgt):
-            _check_language(records[0] if len(records) else {}, hub.field, lang, where)
-            texts = (_record_text(record, hub.field, lang) for record in records)
-            write_lines(folder / f"{ours}.{lang}", texts)  # a file present is complete
+        for lang in (self.src, self.tgt):
+            _check_language(records[0] if len(records) else {}, self.hub.field, lang, where)
+        self.records = records
+        return records
+
+    def pairs(self) -> Iterator[Tuple[str, str]]:
+        field_name = self.hub.field
+        for columns in self.load().iter(batch_size=10_000):  # {column: [values]}, from the mapped Arrow
+            if field_name:
+                texts = columns[field_name]
+                src, tgt = [t[self.src] for t in texts], [t[self.tgt] for t in texts]
+            else:
+                src, tgt = columns[self.src], columns[self.tgt]
+            for pair in zip(src, tgt):
+                yield pair[0].replace("\n", " "), pair[1].replace("\n", " ")
+
+    def fingerprint(self) -> Dict[str, Any]:
+        """The data set, configuration, split and field: a hub data set is downloaded once and
+        never refreshed (delete the cache folder to download it again)."""
+        return {"hub": self.hub.path, "name": self.hub.name, "split": self.split, "field": self.hub.field}
+
+    def describe(self) -> str:
+        return f"hub {hub_name(self.hub)} split {self.split}"
 
 
-def _check_language(record: dict, field: Optional[str], lang: str, where: str) -> None:
-    texts = record.get(field, {}) if field else record
+def _check_language(record: dict, field_name: Optional[str], lang: str, where: str) -> None:
+    texts = record.get(field_name, {}) if field_name else record
     if lang not in texts:
         raise DataError(
             f"{where} has no language '{lang}' (found: {', '.join(texts) or 'none'}); set data.src/data.tgt to one of them"
         )
 
 
-def _record_text(record: dict, field: Optional[str], lang: str) -> str:
-    return (record[field] if field else record)[lang].replace("\n", " ")
-
-
-def load_corpus(cfg: DataConfig) -> Corpus:
-    """The corpus the config names: ``files``, else ``root``, else the hub (cached as a folder)."""
+def corpus_splits(cfg: DataConfig) -> Corpus:
+    """The splits the config names: ``files``, else ``root``, else the hub. Nothing is read yet."""
     if cfg.src == cfg.tgt:
         raise DataError(f"data.src and data.tgt are both '{cfg.src}': choose two different languages")
     if cfg.files:
-        corpus = load_files(cfg.files)
-    elif cfg.root:
-        corpus = load_folder(Path(cfg.root), cfg.src, cfg.tgt)
-    elif cfg.hub:
-        folder = hub_cache_folder(cfg.cache_dir, cfg.hub)
-        wanted = [folder / f"{split}.{lang}" for split in cfg.hub.splits for lang in (cfg.src, cfg.tgt)]
-        if not all(path.is_file() for path in wanted):
-            download_hub(cfg, folder)
-        corpus = {
-            split: pairs
-            for split, pairs in load_folder(folder, cfg.src, cfg.tgt).items()
-            if split in cfg.hub.splits
+        return own_splits(cfg.files)
+    if cfg.root:
+        return folder_splits(Path(cfg.root), cfg.src, cfg.tgt)
+    if cfg.hub:
+        cache = Path(cfg.cache_dir) / "datasets" / "hf"
+        return {
+            ours: HubSplit(cfg.hub, theirs, cfg.src, cfg.tgt, cache)
+            for ours, theirs in cfg.hub.splits.items()
         }
-    else:
-        raise DataError("the data config names no source: set data.root=DIR, data.files or data.hub")
-    if cfg.train_limit is not None:
-        corpus[TRAIN] = corpus[TRAIN][: cfg.train_limit]
-    return corpus
+    raise DataError("the data config names no source: set data.root=DIR, data.files or data.hub")
 
 
 # --- cleaning -----------------------------------------------------------------------------------

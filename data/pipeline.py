@@ -1,113 +1,230 @@
-"""From a data config to tokenized splits: load, clean, build the vocabulary, encode, filter, count.
+"""From a data config to tokenized splits: the token store, built once, then mapped by every run.
 
-``prepare_data(cfg)`` is the one call the trainer makes; ``batch_stats`` and ``format_stats``
-give the block logged at start.
+``prepare_data(cfg)`` is the one call the trainer makes. It finds the corpus (``data/corpus.py``),
+and opens its token store (``data/store.py``) or builds it:
+
+1. stream the training text (the first ``train_limit`` pairs, those with an empty side dropped)
+   to hash it for the SentencePiece cache, which counts it; train SentencePiece on a sample of it
+   (streamed again), or load the cached model(s);
+2. encode it on every core in chunks (``data/encoding.py``), drop pairs longer than ``max_len``
+   subword tokens on a side, and append the ids and text to the store; then the validation and
+   test splits, kept whole and in order.
+
+No pass holds the training text whole: each one reads the files (or Arrow records) anew.
+
+``batch_stats`` and ``format_stats`` give the block logged at start.
 """
 
 import logging
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from itertools import islice
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import sentencepiece as spm
 
 from data.batching import ParallelDataset, TokenBucketSampler, padding_ratio
 from data.config import DataConfig
-from data.corpus import TRAIN, VALID, Pairs, describe_source, drop_empty_pairs, eval_split_names, load_corpus
+from data.corpus import TRAIN, VALID, Corpus, corpus_splits, describe_source, eval_split_names
+from data.encoding import chunked, encode_chunks, encode_pairs, keep_mask, select, usable_cores
 from data.errors import DataError
-from data.tokenizer import Tokenizer, build_tokenizer
+from data.store import StoreWriter, TextArrays, TokenStore, ids_dtype, open_store, store_key
+from data.tokenizer import Tokenizer, build_tokenizer, spm_options
 
 log = logging.getLogger(__name__)
+
+CHUNK = 20_000  # pairs encoded at a time by one worker
+PROGRESS_SECONDS = 10.0  # a progress line this often while encoding
 
 
 @dataclass
 class PreparedData:
     tokenizer: Tokenizer
-    datasets: Dict[str, ParallelDataset]  # train, val, test_*: token ids
+    datasets: Dict[str, ParallelDataset]  # train, val, test_*: token ids, mapped from the store
     sources: Dict[str, List[str]]  # raw source text of val and test_* (input order)
     references: Dict[str, List[str]]  # raw target text of val and test_*, for sacrebleu
-    stats: Dict[str, object] = field(default_factory=dict)
-    # the training pairs' source and target text, kept for data.sampling_alpha only
-    train_text: Optional[Tuple[List[str], List[str]]] = None
+    stats: Dict[str, Any] = field(default_factory=dict)
+    # the training pairs' source and target text (mapped), for data.sampling_alpha only
+    train_text: Optional[Tuple[TextArrays, TextArrays]] = None
+    store: Optional[Path] = None  # the token store's folder
 
     @property
     def test_splits(self) -> List[str]:
         return eval_split_names(self.datasets)
 
 
-def short_pairs(src: List[List[int]], tgt: List[List[int]], max_len: int) -> List[int]:
-    """The indices of the pairs whose two sides have at most ``max_len`` subword tokens."""
-    return [i for i, (s, t) in enumerate(zip(src, tgt)) if len(s) <= max_len and len(t) <= max_len]
+class TrainText:
+    """The training pairs, read anew from the source each time they are iterated: the first
+    ``limit`` pairs, without those that have an empty side. A full pass counts both."""
+
+    def __init__(self, source: Any, limit: Optional[int]):
+        self.source, self.limit = source, limit
+        self.pairs = self.dropped = 0  # of the last full pass
+
+    def __iter__(self) -> Iterator[Tuple[str, str]]:
+        kept = dropped = 0
+        for src, tgt in islice(self.source.pairs(), self.limit):
+            if src.strip() and tgt.strip():
+                kept += 1
+                yield src, tgt
+            else:
+                dropped += 1
+        self.pairs, self.dropped = kept, dropped
+
+
+def store_settings(cfg: DataConfig, corpus: Corpus) -> Dict[str, Any]:
+    """Everything a store's content depends on."""
+    options = {k: v for k, v in spm_options(cfg.vocab_size, cfg.spm_model_type).items() if k != "num_threads"}
+    return {
+        "splits": {split: source.fingerprint() for split, source in sorted(corpus.items())},
+        "src": cfg.src,
+        "tgt": cfg.tgt,
+        "train_limit": cfg.train_limit,
+        "max_len": cfg.max_len,
+        "spm": {**options, "joint": cfg.joint_vocab, "version": spm.__version__},
+    }
 
 
 def prepare_data(cfg: DataConfig) -> PreparedData:
-    """Load the corpus ``cfg`` names, build or reuse the tokenizer and encode every split.
-
-    Training pairs that are empty on a side, or longer than ``cfg.max_len`` subword tokens on a
-    side, are dropped (counted in ``stats``); validation and test splits are kept whole, in order.
-    """
+    """The corpus ``cfg`` names, tokenized: from its token store, built first if there is none."""
+    corpus = corpus_splits(cfg)
+    for required in (TRAIN, VALID):
+        if required not in corpus:
+            raise DataError(f"{describe_source(cfg)} has no '{required}' split: data.hub.splits must map one")
+    folder = Path(cfg.cache_dir) / "store" / store_key(store_settings(cfg, corpus))
     start = time.perf_counter()
-    corpus = load_corpus(cfg)
-    train, n_empty = drop_empty_pairs(corpus[TRAIN])
-    if not train:
-        raise DataError(
-            f"the training split of {describe_source(cfg)} holds no non-empty pair: check data.src/data.tgt and the files"
-        )
-    if n_empty:
-        log.info("dropped %d training pairs with an empty side", n_empty)
-    load_seconds = time.perf_counter() - start
+    store = open_store(folder)
+    if store is None:
+        build_store(folder, corpus, cfg)
+        store = open_store(folder)
+        if store is None:
+            raise DataError(f"the token store {folder} was built but cannot be read back; check the disk")
+        seconds = store.manifest["stats"]["seconds"]
+    else:
+        log.info("data: using the token store %s", folder)
+        seconds = {"store": time.perf_counter() - start}
+    return from_store(store, cfg, seconds)
 
-    start = time.perf_counter()
-    tokenizer = build_tokenizer(train, cfg.vocab_size, cfg.joint_vocab, cfg.spm_model_type, cfg.cache_dir)
-    vocab_seconds = time.perf_counter() - start
 
-    start = time.perf_counter()
-    src, tgt = tokenizer.encode_src([s for s, _ in train]), tokenizer.encode_tgt([t for _, t in train])
-    keep = short_pairs(src, tgt, cfg.max_len)
-    src, tgt, n_long = [src[i] for i in keep], [tgt[i] for i in keep], len(src) - len(keep)
-    if n_long:
-        log.info("dropped %d training pairs longer than data.max_len=%d subword tokens", n_long, cfg.max_len)
-    if not src:
-        raise DataError(
-            f"every training pair is longer than data.max_len={cfg.max_len} subword tokens: raise data.max_len"
-        )
-    datasets = {TRAIN: ParallelDataset(src, tgt)}
-    sources, references = {}, {}
-    for split in [VALID] + eval_split_names(corpus):
-        pairs: Pairs = corpus[split]
-        sources[split] = [s for s, _ in pairs]
-        references[split] = [t for _, t in pairs]
-        datasets[split] = ParallelDataset(
-            tokenizer.encode_src(sources[split]), tokenizer.encode_tgt(references[split])
-        )
-    encode_seconds = time.perf_counter() - start
-
+def from_store(store: TokenStore, cfg: DataConfig, seconds: Dict[str, float]) -> PreparedData:
+    tokenizer = Tokenizer(*store.models())
+    datasets = {
+        split: ParallelDataset(store.tokens(split, "src"), store.tokens(split, "tgt"))
+        for split in store.splits
+    }
+    evaluated = [split for split in store.splits if split != TRAIN]
+    sources = {split: list(store.texts(split, "src")) for split in evaluated}
+    references = {split: list(store.texts(split, "tgt")) for split in evaluated}
+    built = store.manifest["stats"]
     stats = {
-        "source": describe_source(cfg),
+        "source": built["source"],
         "pair": f"{cfg.src}-{cfg.tgt}",
         "pairs": {split: len(ds) for split, ds in datasets.items()},
-        "dropped_empty": n_empty,
-        "dropped_long": n_long,
+        "dropped_empty": built["dropped_empty"],
+        "dropped_long": built["dropped_long"],
         "vocab": f"{tokenizer.src_vocab_size}"
         + ("" if tokenizer.joint else f" / {tokenizer.tgt_vocab_size}"),
         "joint_vocab": tokenizer.joint,
         "lengths": {split: length_stats(ds) for split, ds in datasets.items()},
-        "seconds": {"load": load_seconds, "vocab": vocab_seconds, "encode": encode_seconds},
+        "store_bytes": store.size(),
+        "seconds": dict(seconds),
     }
     train_text = None
     if cfg.sampling_alpha is not None:
-        train_text = [train[i][0] for i in keep], [train[i][1] for i in keep]
-    return PreparedData(tokenizer, datasets, sources, references, stats, train_text)
+        train_text = store.texts(TRAIN, "src"), store.texts(TRAIN, "tgt")
+    return PreparedData(tokenizer, datasets, sources, references, stats, train_text, store.folder)
+
+
+def build_store(folder: Path, corpus: Corpus, cfg: DataConfig) -> None:
+    """Read, tokenize and encode every split of ``corpus`` into a new store at ``folder``."""
+    log.info("data: building the token store %s", folder)
+    start = time.perf_counter()
+    text = TrainText(corpus[TRAIN], cfg.train_limit)
+    if next(iter(text), None) is None:
+        raise DataError(
+            f"the training split of {describe_source(cfg)} holds no non-empty pair: check data.src/data.tgt and the files"
+        )
+    # reads the text at least once whole (the cache key), which counts it
+    tokenizer = build_tokenizer(text, cfg.vocab_size, cfg.joint_vocab, cfg.spm_model_type, cfg.cache_dir)
+    vocab_seconds = time.perf_counter() - start
+    if text.dropped:
+        log.info("dropped %d training pairs with an empty side", text.dropped)
+
+    start = time.perf_counter()
+    writer = StoreWriter(folder, ids_dtype(max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size)))
+    try:
+        writer.models_from(*tokenizer_files(tokenizer))
+        n_long = encode_train(writer, text, tokenizer, cfg.max_len)
+        for split in [VALID] + eval_split_names(corpus):
+            pairs = list(corpus[split].pairs())
+            src, tgt = encode_pairs(tokenizer, pairs)
+            sides = writer.split(split)
+            sides["src"].append(src, [s for s, _ in pairs])
+            sides["tgt"].append(tgt, [t for _, t in pairs])
+        encode_seconds = time.perf_counter() - start
+        writer.commit(
+            {
+                "source": describe_source(cfg),
+                "dropped_empty": text.dropped,
+                "dropped_long": n_long,
+                "seconds": {"vocab": vocab_seconds, "encode": encode_seconds},
+            }
+        )
+    except BaseException:
+        writer.discard()
+        raise
+
+
+def tokenizer_files(tokenizer: Tokenizer) -> Tuple[List[str], List[bytes]]:
+    if tokenizer.joint:
+        return ["joint.model"], [tokenizer.src_model]
+    return ["src.model", "tgt.model"], [tokenizer.src_model, tokenizer.tgt_model]
+
+
+def encode_train(writer: StoreWriter, text: TrainText, tokenizer: Tokenizer, max_len: int) -> int:
+    """Encode the training pairs on every core into ``writer``; the number dropped as too long."""
+    total = text.pairs
+    workers = usable_cores() if total >= 2 * CHUNK else 1
+    sides = writer.split(TRAIN)
+    done = n_long = 0
+    start = last = time.perf_counter()
+    for chunk, src, tgt in encode_chunks(chunked(text, CHUNK), tokenizer, workers):
+        keep = keep_mask(src, tgt, max_len)  # (N,)
+        n_long += int(len(keep) - keep.sum())
+        kept = [pair for pair, ok in zip(chunk, keep.tolist()) if ok]
+        sides["src"].append(select(src, keep), [s for s, _ in kept])
+        sides["tgt"].append(select(tgt, keep), [t for _, t in kept])
+        done += len(chunk)
+        now = time.perf_counter()
+        if now - last >= PROGRESS_SECONDS:
+            log.info(
+                "encoding: %d of %d training pairs (%.0f%%), %.0f pairs/s on %d process(es)",
+                done,
+                total,
+                100 * done / total,
+                done / (now - start),
+                workers,
+            )
+            last = now
+    if n_long:
+        log.info("dropped %d training pairs longer than data.max_len=%d subword tokens", n_long, max_len)
+    if n_long == total:
+        raise DataError(
+            f"every training pair is longer than data.max_len={max_len} subword tokens: raise data.max_len"
+        )
+    return n_long
 
 
 def length_stats(dataset: ParallelDataset) -> Dict[str, float]:
     """Mean and max subword tokens per side (without BOS/EOS)."""
-    src = [len(ids) for ids in dataset.src] or [0]
-    tgt = [len(ids) for ids in dataset.tgt] or [0]
+    src, tgt = dataset.src.lengths, dataset.tgt.lengths  # (N,)
     return {
-        "src_mean": statistics.fmean(src),
-        "src_max": max(src),
-        "tgt_mean": statistics.fmean(tgt),
-        "tgt_max": max(tgt),
+        "src_mean": float(src.mean()) if len(src) else 0.0,
+        "src_max": int(src.max(initial=0)),
+        "tgt_mean": float(tgt.mean()) if len(tgt) else 0.0,
+        "tgt_max": int(tgt.max(initial=0)),
     }
 
 
@@ -139,6 +256,8 @@ def format_stats(stats: Dict[str, object]) -> str:
             f"  train batches: {batches['batches']} per epoch, {batches['pairs_per_batch']:.1f} pairs each, "
             f"padding {100 * batches['padding_ratio']:.1f}% (batch_tokens={batches['batch_tokens']})"
         )
+    if "store_bytes" in stats:
+        lines.append(f"  token store: {stats['store_bytes'] / 2**20:.1f} MiB")
     seconds = stats["seconds"]
     lines.append("  time: " + ", ".join(f"{name} {value:.2f} s" for name, value in seconds.items()))
     return "\n".join(lines)

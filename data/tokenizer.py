@@ -161,7 +161,7 @@ def train_model(lines: Iterable[str], options: Dict[str, object]) -> bytes:
     return model.getvalue()
 
 
-def cache_key(pairs: Sequence[Tuple[str, str]], options: Dict[str, object], joint: bool) -> str:
+def cache_key(pairs: Iterable[Tuple[str, str]], options: Dict[str, object], joint: bool) -> str:
     """Hash of the training text, the options and the SentencePiece version: same inputs, same model."""
     settings = {k: v for k, v in options.items() if k != "num_threads"}  # threads do not change the model
     settings.update(joint=joint, sentencepiece=spm.__version__)
@@ -172,9 +172,13 @@ def cache_key(pairs: Sequence[Tuple[str, str]], options: Dict[str, object], join
 
 
 def build_tokenizer(
-    pairs: Sequence[Tuple[str, str]], vocab_size: int, joint: bool, model_type: str, cache_dir: str
+    pairs: Iterable[Tuple[str, str]], vocab_size: int, joint: bool, model_type: str, cache_dir: str
 ) -> Tokenizer:
-    """Train SentencePiece on the training pairs, or load the models cached for the same input."""
+    """Train SentencePiece on the training pairs, or load the models cached for the same input.
+
+    ``pairs`` is read more than once (a list, or a stream that reads its files anew each time):
+    once for the cache key, then by the training, which keeps a sample of ``input_sentence_size``
+    sentences, so the text is never held whole."""
     options = spm_options(vocab_size, model_type)
     folder = Path(cache_dir) / "spm" / cache_key(pairs, options, joint)
     names = ["joint.model"] if joint else ["src.model", "tgt.model"]

@@ -264,7 +264,9 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         trainer.fit(max_steps=args.warmup + args.steps, evaluate_last=False)
         trainer.close()
         seconds, tokens = p.step_seconds - seconds, p.tgt_tokens - tokens
-        epoch_tokens = sum(trainer.data.datasets[TRAIN].tgt_lengths())  # target tokens + EOS of one epoch
+        epoch_tokens = int(
+            trainer.data.datasets[TRAIN].tgt_lengths().sum()
+        )  # target tokens + EOS of one epoch
         if trainer.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(trainer.device)
         else:

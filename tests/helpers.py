@@ -30,6 +30,11 @@ SPLIT = "test_2016_flickr"
 Curve = Sequence[Tuple[int, float, float]]  # (step, training seconds, valid BLEU) of each evaluation
 
 
+def read_all(splits) -> dict:
+    """``{split: [(source, target), ...]}``: every pair of every source of ``data.corpus`` read."""
+    return {split: list(source.pairs()) for split, source in splits.items()}
+
+
 def load_script(name: str) -> ModuleType:
     """``scripts/<name>.py`` as a module (once per session), to call its functions and ``main(argv)``."""
     return load_module(f"scripts/{name}")

@@ -28,7 +28,7 @@ def test_token_budget_is_held():
 
 def test_a_pair_longer_than_the_budget_forms_its_own_batch():
     src, tgt = [5, 200, 6, 7], [5, 300, 6, 7]
-    batches = list(TokenBucketSampler(src, tgt, 100))
+    batches = [batch.tolist() for batch in TokenBucketSampler(src, tgt, 100)]
     assert [1] in batches
     assert sorted(i for batch in batches for i in batch) == [0, 1, 2, 3]
 
@@ -44,13 +44,17 @@ def test_every_pair_exactly_once_per_epoch():
 
 def test_order_depends_only_on_seed_and_epoch():
     src, tgt = random_lengths()
+
+    def batches(sampler):
+        return [batch.tolist() for batch in sampler]
+
     a, b = TokenBucketSampler(src, tgt, BUDGET, seed=7), TokenBucketSampler(src, tgt, BUDGET, seed=7)
-    assert list(a) == list(b)
+    assert batches(a) == batches(b)
     b.set_epoch(1)
-    assert list(a) != list(b)
+    assert batches(a) != batches(b)
     a.set_epoch(1)
-    assert list(a) == list(b)
-    assert list(TokenBucketSampler(src, tgt, BUDGET, seed=8)) != list(
+    assert batches(a) == batches(b)
+    assert batches(TokenBucketSampler(src, tgt, BUDGET, seed=8)) != batches(
         TokenBucketSampler(src, tgt, BUDGET, seed=7)
     )
 
@@ -125,3 +129,41 @@ def test_pad_fills_each_row_after_its_end():
     assert padded.tolist() == [[5, 6, 7], [8, PAD_ID, PAD_ID], [PAD_ID, PAD_ID, PAD_ID]]
     assert pad([[4], [4, 4]], pad_id=-1).tolist() == [[4, -1], [4, 4]]
     assert pad([]).shape == (0, 0)
+
+
+def greedy_pack(order, src, tgt, budget):
+    """The definition that ``pack`` vectorises, one pair at a time."""
+    batches, current, longest = [], [], (0, 0)
+    for i in order:
+        grown = (max(longest[0], src[i]), max(longest[1], tgt[i]))
+        if current and (len(current) + 1) * sum(grown) > budget:
+            batches.append(current)
+            current, grown = [], (src[i], tgt[i])
+        current.append(i)
+        longest = grown
+    return batches + ([current] if current else [])
+
+
+@pytest.mark.parametrize("budget", [1, 7, 60, 300, 5000])
+def test_pack_takes_the_same_batches_as_the_greedy_loop(budget):
+    src, tgt = random_lengths(3000, seed=budget)
+    order = random.Random(budget).sample(range(3000), 3000)  # any order, sorted or not
+    assert [batch.tolist() for batch in pack(order, src, tgt, budget)] == greedy_pack(order, src, tgt, budget)
+    by_length = sorted(order, key=lambda i: (src[i], tgt[i]))
+    assert [batch.tolist() for batch in pack(by_length, src, tgt, budget)] == greedy_pack(
+        by_length, src, tgt, budget
+    )
+
+
+def test_a_batch_from_the_arrays_equals_the_collated_examples():
+    rng = random.Random(5)
+    src = [[rng.randint(4, 99) for _ in range(rng.randint(0, 9))] for _ in range(50)]
+    tgt = [[rng.randint(4, 99) for _ in range(rng.randint(1, 12))] for _ in range(50)]
+    dataset = ParallelDataset(src, tgt)
+    indices = [7, 3, 41, 0, 19]
+    ours, reference = dataset.batch(indices), collate([(i, src[i], tgt[i]) for i in indices])
+    for name in ("src", "src_lengths", "tgt_in", "tgt_out", "tgt_lengths", "indices"):
+        assert torch.equal(getattr(ours, name), getattr(reference, name)), name
+    assert ours.src[2, : len(src[41]) + 1].tolist() == src[41] + [EOS_ID]
+    assert dataset[41] == (41, src[41], tgt[41])
+    assert dataset.src_lengths().tolist() == [len(s) + 1 for s in src]

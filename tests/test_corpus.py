@@ -5,8 +5,19 @@ from pathlib import Path
 import pytest
 
 from data.config import DataConfig, FilePair, HubConfig
-from data.corpus import drop_empty_pairs, eval_split_names, load_corpus, load_folder, read_lines
+from data.corpus import corpus_splits, eval_split_names, folder_splits, read_lines
 from data.errors import DataError
+from data.pipeline import TrainText
+
+from helpers import read_all
+
+
+def load_folder(root, src, tgt):
+    return read_all(folder_splits(root, src, tgt))
+
+
+def load_corpus(cfg):
+    return read_all(corpus_splits(cfg))
 
 
 def write(path: Path, lines, gz: bool = False) -> Path:
@@ -126,16 +137,26 @@ def test_missing_folder_and_same_language_are_errors(tmp_path):
         load_corpus(DataConfig(root=str(tmp_path), src="de", tgt="de"))
 
 
-def test_empty_pairs_are_dropped_and_counted():
-    kept, dropped = drop_empty_pairs([("a", "b"), ("", "x"), ("y", "   "), ("c", "d")])
-    assert kept == [("a", "b"), ("c", "d")] and dropped == 2
-
-
-def test_train_limit_takes_the_first_pairs(tmp_path):
+def test_empty_pairs_are_dropped_and_counted_after_the_train_limit(tmp_path):
     root = small_folder(tmp_path / "d", n=5)
-    corpus = load_corpus(DataConfig(root=str(root), src="xx", tgt="yy", train_limit=2))
-    assert corpus["train"] == [("train xx 0", "train yy 0"), ("train xx 1", "train yy 1")]
-    assert len(corpus["val"]) == 5
+    write(root / "train.xx", ["a", "", "y", "c", "e"])
+    write(root / "train.yy", ["b", "x", "   ", "d", "f"])
+    text = TrainText(folder_splits(root, "xx", "yy")["train"], limit=4)
+    assert list(text) == [("a", "b"), ("c", "d")] and (text.pairs, text.dropped) == (2, 2)
+    assert list(text) == [("a", "b"), ("c", "d")]  # read anew from the files
+    everything = TrainText(folder_splits(root, "xx", "yy")["train"], limit=None)
+    assert list(everything)[-1] == ("e", "f") and everything.pairs == 3
+
+
+def test_sources_stream_and_say_what_they_are_made_of_without_reading(tmp_path):
+    root = small_folder(tmp_path / "d", n=5)
+    source = folder_splits(root, "xx", "yy")["train"]
+    before = source.fingerprint()
+    stream = source.pairs()
+    assert next(stream) == ("train xx 0", "train yy 0")
+    assert source.fingerprint() == before
+    write(root / "train.yy", [f"other {i}" for i in range(5)])
+    assert source.fingerprint() != before
 
 
 def test_own_files_use_the_same_reader(tmp_path):

@@ -4,12 +4,12 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from data.batching import TokenBucketSampler
 from data.config import data_config
-from data.corpus import load_folder
+from data.corpus import folder_splits
 from data.errors import DataError
 from data.pipeline import batch_stats, format_stats, prepare_data
 from data.tokenizer import normalize
 
-from helpers import ROOT, compose
+from helpers import ROOT, compose, read_all
 
 CONF = ROOT / "conf"
 
@@ -25,7 +25,7 @@ def test_long_training_pairs_are_dropped_but_evaluation_splits_stay_whole(prepar
     assert prepared.stats["dropped_long"] > 0
     assert len(train) == 3000 - prepared.stats["dropped_long"] - prepared.stats["dropped_empty"]
     assert all(len(s) <= 20 and len(t) <= 20 for s, t in zip(train.src, train.tgt))
-    raw = load_folder(multi30k_dir, "de", "en")
+    raw = read_all(folder_splits(multi30k_dir, "de", "en"))
     for split in ("val", "test_2016_flickr"):
         assert prepared.sources[split] == [s for s, _ in raw[split]]
         assert prepared.references[split] == [t for _, t in raw[split]]

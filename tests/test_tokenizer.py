@@ -2,14 +2,16 @@ import logging
 
 import pytest
 
-from data.corpus import load_folder
+from data.corpus import folder_splits
 from data.errors import DataError
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, normalize
+
+from helpers import read_all
 
 
 @pytest.fixture(scope="module")
 def corpus(multi30k_dir):
-    return load_folder(multi30k_dir, "de", "en")
+    return read_all(folder_splits(multi30k_dir, "de", "en"))
 
 
 @pytest.fixture(scope="module")

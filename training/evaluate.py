@@ -7,7 +7,7 @@ from typing import Dict, Iterator, List, Tuple
 import torch
 from torch import nn
 
-from data.batching import Batch, ParallelDataset, TokenBucketSampler, collate, pad
+from data.batching import Batch, ParallelDataset, TokenBucketSampler, pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from models.masks import padding_mask_from_lengths
@@ -19,7 +19,7 @@ def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Bat
     """Length-sorted batches of a whole split (``Batch.indices`` restore the input order)."""
     sampler = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), batch_tokens, shuffle=False)
     for indices in sampler:
-        yield collate([dataset[i] for i in indices])
+        yield dataset.batch(indices)
 
 
 def src_mask_of(batch: Batch) -> torch.Tensor:
@@ -78,7 +78,7 @@ def output_attention(
     included) and the output ids of each sentence: the axes of the attention maps.
     """
     n = len(found)
-    batch = collate([dataset[i] for i in range(n)]).to(device)
+    batch = dataset.batch(range(n)).to(device)
     out_ids = [(h.tokens + ([EOS_ID] if h.finished else [])) or [EOS_ID] for h in found]
     tgt_in = pad([[BOS_ID] + ids[:-1] for ids in out_ids], PAD_ID).to(device)  # (B, T)
     model.eval()

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
@@ -246,8 +247,8 @@ class Trainer:
             return self.progress.batches_done == 0
         return not stats.skipped and self.progress.step % self.tc.eval_every == 0
 
-    def epoch_batches(self) -> List[List[int]]:
-        """The batches (lists of pair indices) of the current epoch, resumed at ``batches_done``."""
+    def epoch_batches(self) -> List[np.ndarray]:
+        """The batches (arrays of pair indices) of the current epoch, resumed at ``batches_done``."""
         p = self.progress
         self.sampler.set_epoch(p.epoch)
         batches = list(self.sampler)
@@ -261,11 +262,10 @@ class Trainer:
             )
         return batches
 
-    def collate(self, indices: List[int]) -> Batch:
+    def collate(self, indices: np.ndarray) -> Batch:
         if self.resegmenter is not None:  # data.sampling_alpha: this epoch's segmentation
             return collate([self.resegmenter.example(i, self.progress.epoch) for i in indices])
-        train = self.data.datasets[TRAIN]
-        return collate([train[i] for i in indices])
+        return self.data.datasets[TRAIN].batch(indices)
 
     def train_step(self, batches: List[Batch]) -> StepStats:
         """One optimizer step over ``batches`` (gradient accumulation); counted unless skipped."""
