@@ -24,6 +24,9 @@ from data.arrays import TokenArrays, offsets_of
 from data.specials import PAD_ID
 
 Sequences = Union[TokenArrays, Sequence[Sequence[int]]]
+# The version of TokenBucketSampler's order, saved in checkpoints: 1 shuffled with Python's random
+# module, 2 (issue 18) sorts with a key drawn by NumPy. The same seed and epoch give other batches.
+BATCH_ORDER = 2
 
 
 def token_arrays(sequences: Sequences) -> TokenArrays:
@@ -135,15 +138,24 @@ def pack(
     return np.split(order, starts[1:])
 
 
+def length_key(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+    """``(N,)`` one integer per pair that sorts like ``(src length, tgt length)``: 16 bits when it
+    fits (NumPy sorts those stably by radix, in linear time), else 64."""
+    if not len(src_lengths):
+        return np.zeros(0, dtype=np.int64)
+    key = src_lengths * (int(tgt_lengths.max()) + 1) + tgt_lengths  # (N,) int64
+    return key.astype(np.uint16) if key.max() < 1 << 16 else key
+
+
 class TokenBucketSampler(Sampler[np.ndarray]):
     """Batches of pair indices of similar length within a token budget.
 
-    Training (``shuffle=True``): each epoch the pairs are sorted by source length, then target
-    length, then a random key (so equal lengths mix differently every epoch), packed, and the
-    batches shuffled; the order is a function of ``(seed, epoch)`` only (NumPy's PCG64 seeded with
-    both). Evaluation (``shuffle=False``): pairs sorted by length (ties in input order), batches in
-    that order; ``Batch.indices`` gives the original positions back. Lengths are NumPy arrays and
-    every step is vectorised but the packing (one step per batch).
+    Training (``shuffle=True``): each epoch the pairs are shuffled, stably sorted by source length,
+    then target length (so equal lengths mix differently every epoch), packed, and the batches
+    shuffled; the order is a function of ``(seed, epoch)`` only (NumPy's PCG64 seeded with both).
+    Evaluation (``shuffle=False``): pairs sorted by length (ties in input order), batches in that
+    order; ``Batch.indices`` gives the original positions back. Lengths are NumPy arrays and every
+    step is vectorised but the packing (one step per batch).
 
     Data parallel: rank ``r`` of ``world_size`` takes batches ``r, r + world_size, ...`` of the
     epoch's list, so the shards are disjoint. Every rank gets the same number of batches (a rank with
@@ -185,8 +197,9 @@ class TokenBucketSampler(Sampler[np.ndarray]):
     def _make_batches(self, epoch: int) -> List[np.ndarray]:
         n = len(self.src_lengths)
         rng = np.random.default_rng([self.seed, epoch])
-        ties = rng.permutation(n) if self.shuffle else np.arange(n)  # (N,) the last sort key
-        order = np.lexsort((ties, self.tgt_lengths, self.src_lengths))  # (N,) by src, tgt, ties
+        shuffled = rng.permutation(n) if self.shuffle else np.arange(n)  # (N,)
+        key = length_key(self.src_lengths, self.tgt_lengths)[shuffled]  # (N,)
+        order = shuffled[np.argsort(key, kind="stable")]  # (N,) by src, then tgt, then shuffled place
         batches = pack(order, self.src_lengths, self.tgt_lengths, self.batch_tokens)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]

@@ -292,7 +292,19 @@ class HubSplit:
     def fingerprint(self) -> Dict[str, Any]:
         """The data set, configuration, split and field: a hub data set is downloaded once and
         never refreshed (delete the cache folder to download it again)."""
-        return {"hub": self.hub.path, "name": self.hub.name, "split": self.split, "field": self.hub.field}
+        local = Path(self.hub.path)  # a data set in a local folder: its files tell changes apart
+        files = (
+            [file_fingerprint(path) for path in sorted(local.rglob("*")) if path.is_file()]
+            if local.is_dir()
+            else []
+        )
+        return {
+            "hub": self.hub.path,
+            "name": self.hub.name,
+            "split": self.split,
+            "field": self.hub.field,
+            "files": files,
+        }
 
     def describe(self) -> str:
         return f"hub {hub_name(self.hub)} split {self.split}"

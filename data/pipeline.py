@@ -110,11 +110,11 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
 
 def from_store(store: TokenStore, cfg: DataConfig, seconds: Dict[str, float]) -> PreparedData:
     tokenizer = Tokenizer(*store.models())
+    splits = [TRAIN, VALID] + eval_split_names(store.splits)
     datasets = {
-        split: ParallelDataset(store.tokens(split, "src"), store.tokens(split, "tgt"))
-        for split in store.splits
+        split: ParallelDataset(store.tokens(split, "src"), store.tokens(split, "tgt")) for split in splits
     }
-    evaluated = [split for split in store.splits if split != TRAIN]
+    evaluated = splits[1:]
     sources = {split: list(store.texts(split, "src")) for split in evaluated}
     references = {split: list(store.texts(split, "tgt")) for split in evaluated}
     built = store.manifest["stats"]

@@ -153,7 +153,7 @@ class StoreWriter:
             files[model] = {"bytes": (self.tmp / model).stat().st_size, "crc32": file_crc(self.tmp / model)}
         manifest = {"format": FORMAT, "dtype": self.dtype.name, "models": self.models, "pairs": pairs}
         manifest.update(files=files, stats=stats)
-        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:
             os.rename(self.tmp, self.folder)
         except OSError:

@@ -4,7 +4,10 @@
     python scripts/data_stats.py data.root=DIR data.src=fr data.tgt=en --batch-tokens 8192
 
 Arguments other than --batch-tokens are Hydra overrides of conf/config.yaml (``seed=N`` seeds the
-batch order as in training). A bad override or data set is one ``error:`` line (exit 1).
+batch order as in training). The block ends with the token store's size, the time of each step
+(``store`` alone when the store was there already: nothing was read or encoded), the sampler's
+epoch, the time until training could start, and the process's peak memory (resident set, as
+``ru_maxrss``). A bad override or data set is one ``error:`` line (exit 1).
 """
 
 import argparse
@@ -54,19 +57,29 @@ def main(argv=None) -> int:
     try:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=args.overrides)
-        data = prepare_data(data_config(cfg.data))
         start = time.perf_counter()
+        data = prepare_data(data_config(cfg.data))
+        sampler_start = time.perf_counter()
         train = data.datasets[TRAIN]
         sampler = TokenBucketSampler(
             train.src_lengths(), train.tgt_lengths(), args.batch_tokens, seed=cfg.seed
         )
         data.stats["batches"] = batch_stats(sampler)
-        data.stats["seconds"]["batches"] = time.perf_counter() - start
+        data.stats["seconds"]["sampler epoch"] = time.perf_counter() - sampler_start
+        data.stats["seconds"]["ready"] = time.perf_counter() - start
     except (HydraException, OmegaConfBaseException, DataError, ValueError) as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 1
     print(format_stats(data.stats))
+    print(f"  peak memory: {peak_memory_gib():.2f} GiB")
     return 0
+
+
+def peak_memory_gib() -> float:
+    """This process's peak resident set size (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 if __name__ == "__main__":

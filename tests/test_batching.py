@@ -167,3 +167,12 @@ def test_a_batch_from_the_arrays_equals_the_collated_examples():
     assert ours.src[2, : len(src[41]) + 1].tolist() == src[41] + [EOS_ID]
     assert dataset[41] == (41, src[41], tgt[41])
     assert dataset.src_lengths().tolist() == [len(s) + 1 for s in src]
+
+
+@pytest.mark.parametrize("longest", [40, 3000])  # a 16-bit sort key, then a 64-bit one
+def test_evaluation_order_sorts_by_source_then_target_length(longest):
+    rng = random.Random(longest)
+    src = [rng.randint(1, longest) for _ in range(400)]
+    tgt = [rng.randint(1, longest) for _ in range(400)]
+    order = [i for batch in TokenBucketSampler(src, tgt, 10**6, shuffle=False) for i in batch]
+    assert order == sorted(range(400), key=lambda i: (src[i], tgt[i], i))

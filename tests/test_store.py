@@ -24,7 +24,13 @@ def corpus(multi30k_dir, tmp_path) -> Path:
 
 
 def config(root: Path, cache: Path, **overrides):
-    node = {"root": str(root), "cache_dir": str(cache), "vocab_size": 1000, "max_len": 30, **overrides}
+    node = {
+        "root": root and str(root),
+        "cache_dir": str(cache),
+        "vocab_size": 1000,
+        "max_len": 30,
+        **overrides,
+    }
     return data_config(node)
 
 
@@ -146,3 +152,22 @@ def test_parallel_encoding_gives_the_serial_ids(corpus, tmp_path):
     assert sum(len(chunk) for chunk, _, _ in parts) == 3000 and len(parts) == 18
     assert np.array_equal(np.concatenate([src.ids for _, src, _ in parts]), serial_src.ids)
     assert np.array_equal(np.concatenate([tgt.lengths for _, _, tgt in parts]), serial_tgt.lengths)
+
+
+def test_a_hub_data_set_streams_from_its_arrow_files_into_the_same_store(corpus, tmp_path):
+    import datasets
+
+    raw = read_all(folder_splits(corpus, "de", "en"))
+    hub = tmp_path / "hub"  # a data set in a local folder: load_dataset reads it as from the hub
+    hub.mkdir()
+    splits = {"train": "train", "val": "validation", "test_2016_flickr": "test"}
+    for ours, theirs in splits.items():
+        records = {"translation": [{"de": s, "en": t} for s, t in raw[ours]]}
+        datasets.Dataset.from_dict(records).to_parquet(str(hub / f"{theirs}.parquet"))
+    cache = tmp_path / "cache"
+    node = {"hub": {"path": str(hub), "field": "translation", "splits": splits}, "cache_dir": str(cache)}
+    from_hub = prepare_data(config(None, cache, **node))
+    from_files = prepare_data(config(corpus, cache))
+    assert same_data(snapshot(from_hub), snapshot(from_files))
+    assert not [path for path in cache.rglob("*") if path.suffix in (".de", ".en")]  # no text files between
+    assert from_hub.stats["source"].startswith("hub ")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from common.settings import NOT_SETTINGS, flatten
+from data.batching import BATCH_ORDER
 from training.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,20 @@ def check_resumable(
     if payload["tokenizer"] != tokenizer:
         raise CheckpointError(
             f"checkpoint {path} was trained with another vocabulary: check the data.* settings"
+        )
+
+
+def warn_batch_order(payload: Dict[str, Any], path: Path) -> None:
+    """A checkpoint saved by a version that ordered batches otherwise (``batch_order`` 1: before
+    the token store of issue 18) resumes, but its epochs take this version's order: say so."""
+    saved = payload.get("batch_order", 1)
+    if saved != BATCH_ORDER:
+        log.warning(
+            "checkpoint %s was saved with batch order %d, this version has %d: the run continues, but its "
+            "epochs' batches are not those the interrupted run would have had",
+            path,
+            saved,
+            BATCH_ORDER,
         )
 
 

@@ -19,7 +19,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from data.batching import Batch, TokenBucketSampler, collate
+from data.batching import BATCH_ORDER, Batch, TokenBucketSampler, collate
 from data.config import DataConfig, data_config
 from data.corpus import TRAIN
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
@@ -42,7 +42,7 @@ from training.checkpoint import (
 from training.config import model_config, trainer_config
 from training.device import autocast_for, pick_device, set_threads
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
-from training.resume import adopt_best, check_resumable, remove_stale_temporaries
+from training.resume import adopt_best, check_resumable, remove_stale_temporaries, warn_batch_order
 from training.run_folder import resume_path, unlock_run_folder
 from training.signals import Interrupted, StopRequest
 from training.step import (
@@ -146,7 +146,11 @@ class Trainer:
 
     def checkpoint(self) -> Dict[str, Any]:
         payload = self.weights_checkpoint(self.model.state_dict())
-        payload |= {"optimizer": to_cpu(self.optimizer.state_dict()), "rng": rng_states()}
+        payload |= {
+            "optimizer": to_cpu(self.optimizer.state_dict()),
+            "rng": rng_states(),
+            "batch_order": BATCH_ORDER,
+        }
         if self.ema is not None:
             payload["ema"] = to_cpu(self.ema.state_dict())
         return payload
@@ -174,6 +178,7 @@ class Trainer:
             OmegaConf.to_container(self.cfg, resolve=True),
             self.data.tokenizer.state_dict(),
         )
+        warn_batch_order(payload, path)
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.progress = Progress(**payload["progress"])
