@@ -111,7 +111,11 @@ def worker_pids(parent: int):
 @pytest.mark.skipif(
     not Path("/proc/self/environ").exists(), reason="needs /proc to find the worker processes"
 )
-def test_a_killed_rank_makes_the_job_fail_instead_of_hanging(multi30k_slice, tmp_path):
+def test_both_ranks_map_one_token_store_and_a_killed_rank_makes_the_job_fail_instead_of_hanging(
+    multi30k_slice, tmp_path
+):
+    """Rank 0 builds the token store (the cache starts empty), rank 1 maps the same files; then
+    rank 1 is killed."""
     run = tmp_path / "ddp"
     job = subprocess.Popen(
         torchrun(
@@ -136,6 +140,11 @@ def test_a_killed_rank_makes_the_job_fail_instead_of_hanging(multi30k_slice, tmp
             break
     workers = worker_pids(job.pid)
     assert sorted(workers) == [0, 1], "".join(seen)[-2000:]
+    stores = list((tmp_path / "cache" / "store").iterdir())
+    assert len(stores) == 1, stores  # one store, no temporary folder of a second build
+    ids = str((stores[0] / "train.src.ids").resolve())
+    for rank, pid in workers.items():
+        assert ids in Path(f"/proc/{pid}/maps").read_text(), f"rank {rank} does not map {ids}"
     os.kill(workers[1], signal.SIGKILL)
     tick = time.monotonic()
     rest = job.communicate(timeout=180)[0]
