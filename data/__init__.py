@@ -1,9 +1,13 @@
 """Data: parallel text in, padded tensor batches out.
 
-corpus.py     read and validate parallel text (local folder, own files, Hugging Face hub)
+corpus.py     find and stream parallel text (local folder, own files, Hugging Face hub)
 tokenizer.py  SentencePiece training, caching, encoding, decoding; the special ids
-batching.py   token-bucket batch sampler and collate
-pipeline.py   prepare_data(cfg): all of the above for one data config, with stats
+sampling.py   subword regularization: a new segmentation per epoch
+encoding.py   text to ids on every core, in chunks
+arrays.py     id sequences kept flat in NumPy arrays, padded into tensors
+store.py      the token store: encoded splits on disk, memory-mapped
+batching.py   token-bucket batch sampler and batches
+pipeline.py   prepare_data(cfg): the store of one data config, built once, with stats
 
 Imports nothing from models/ or training/.
 """
