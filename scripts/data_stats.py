@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Dict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,6 +42,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)  # before the imports below (torch): --help and mistakes answer at once
+    import torch
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -50,15 +52,20 @@ def main(argv=None) -> int:
     from data.corpus import TRAIN
     from data.errors import DataError
     from data.pipeline import batch_stats, format_stats, prepare_data
+    from training import distributed
     from training.config import register_configs
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     register_configs()  # the schemas that conf/config.yaml and conf/model/*.yaml extend
+    world = distributed.world_from_env()  # under torchrun: every rank prepares, rank 0 first
+    distributed.init(world, torch.device("cpu"))
+    before = memory_mib()
     try:
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose("config", overrides=args.overrides)
         start = time.perf_counter()
-        data = prepare_data(data_config(cfg.data))
+        with distributed.main_first(world):
+            data = prepare_data(data_config(cfg.data))
         sampler_start = time.perf_counter()
         train = data.datasets[TRAIN]
         sampler = TokenBucketSampler(
@@ -70,16 +77,41 @@ def main(argv=None) -> int:
     except (HydraException, OmegaConfBaseException, DataError, ValueError) as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return 1
-    print(format_stats(data.stats))
-    print(f"  peak memory: {peak_memory_gib():.2f} GiB")
+    if world.main:
+        print(format_stats(data.stats))
+    print(memory_line(world, before, memory_mib()), flush=True)
+    distributed.close()
     return 0
 
 
-def peak_memory_gib() -> float:
-    """This process's peak resident set size (Linux reports ``ru_maxrss`` in KiB)."""
+def memory_mib() -> Dict[str, float]:
+    """This process's memory now, in MiB, from ``/proc/self/smaps_rollup`` (Linux): ``Rss``, and
+    ``Anonymous`` (its own heap, which no other process shares; the rest of ``Rss`` is pages of
+    files, such as the token store's memory maps, shared with every process that maps them)."""
+    try:
+        lines = Path("/proc/self/smaps_rollup").read_text().splitlines()
+    except OSError:
+        return {}
+    fields = {line.split(":")[0]: line.split()[1] for line in lines if line.endswith("kB")}
+    return {name: int(fields[name]) / 1024 for name in ("Rss", "Anonymous") if name in fields}
+
+
+def memory_line(world, before: Dict[str, float], after: Dict[str, float]) -> str:
+    """Peak resident memory (``ru_maxrss``, KiB on Linux; the largest encoding worker's too), and
+    the private memory that the data added."""
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    line = f"  peak memory: {peak:.2f} GiB" + (
+        f" (largest encoding worker {workers:.2f} GiB)" if workers else ""
+    )
+    if before and after:
+        line += (
+            f"; private memory added by the data {after['Anonymous'] - before['Anonymous']:.0f} MiB, "
+            f"file pages mapped {after['Rss'] - after['Anonymous']:.0f} MiB"
+        )
+    return (f"rank {world.rank}:" if world.distributed else "") + line
 
 
 if __name__ == "__main__":
