@@ -27,6 +27,7 @@ Sequences = Union[TokenArrays, Sequence[Sequence[int]]]
 # The version of TokenBucketSampler's order, saved in checkpoints: 1 shuffled with Python's random
 # module, 2 (issue 18) sorts with a key drawn by NumPy. The same seed and epoch give other batches.
 BATCH_ORDER = 2
+SEED_MASK = (1 << 64) - 1
 
 
 def token_arrays(sequences: Sequences) -> TokenArrays:
@@ -122,6 +123,8 @@ def pack(
     src = np.asarray(src_lengths, dtype=np.int64)[order]  # (N,) in batch order
     tgt = np.asarray(tgt_lengths, dtype=np.int64)[order]  # (N,)
     starts, start, n = [], 0, len(order)
+    if n == 0:
+        return []
     while start < n:
         # no batch from here holds more than this: every pair costs at least the first one's lengths
         window = max(1, min(n - start, batch_tokens // int(src[start] + tgt[start])))
@@ -196,7 +199,7 @@ class TokenBucketSampler(Sampler[np.ndarray]):
 
     def _make_batches(self, epoch: int) -> List[np.ndarray]:
         n = len(self.src_lengths)
-        rng = np.random.default_rng([self.seed, epoch])
+        rng = np.random.default_rng([self.seed & SEED_MASK, epoch])  # NumPy seeds are not negative
         shuffled = rng.permutation(n) if self.shuffle else np.arange(n)  # (N,)
         key = length_key(self.src_lengths, self.tgt_lengths)[shuffled]  # (N,)
         order = shuffled[np.argsort(key, kind="stable")]  # (N,) by src, then tgt, then shuffled place

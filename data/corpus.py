@@ -68,10 +68,9 @@ def open_binary(path: Path):
 def stream_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 text file, plain or gzip (by the ``.gz`` suffix), one at a time, without
     line ends or a leading BOM (the same lines as ``decode_lines`` of the whole file)."""
-    stream = open_binary(path)
     number = 0
     try:
-        with stream:
+        with open_binary(path) as stream:
             for number, raw in enumerate(stream, start=1):
                 if number == 1 and raw.startswith(codecs.BOM_UTF8):
                     raw = raw[len(codecs.BOM_UTF8) :]
@@ -84,8 +83,9 @@ def stream_lines(path: Path) -> Iterator[str]:
                     ) from None
                 yield line.rstrip("\n").rstrip("\r")
     except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
+        where = f" after line {number}" if number else ""
         raise DataError(
-            f"{path}: cannot read it after line {number} ({error}); replace the file with an intact copy"
+            f"{path}: cannot read it{where} ({error}); replace the file with an intact copy"
         ) from None
 
 
@@ -96,7 +96,10 @@ def read_lines(path: Path) -> List[str]:
 
 def file_fingerprint(path: Path) -> List[Any]:
     """What tells a file's content apart without reading it: its path, size and modification time."""
-    info = Path(path).stat()
+    try:
+        info = Path(path).stat()
+    except OSError as error:
+        raise DataError(f"{path}: file not found ({error.strerror})") from None
     return [os.fspath(Path(path).resolve()), info.st_size, info.st_mtime_ns]
 
 

@@ -18,16 +18,19 @@ from data.tokenizer import Tokenizer
 
 Chunk = List[Tuple[str, str]]  # (source, target) pairs
 IN_FLIGHT = 2  # chunks per worker waiting or being encoded
+MAX_WORKERS = 16  # more gain little (the reading and writing is one process) and cost a model each
 
 _worker_tokenizer: Optional[Tokenizer] = None  # each worker's own, set by init_worker
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity, e.g. under taskset or SLURM)."""
+    """The cores this process may run on (its affinity, e.g. under taskset or SLURM), at most
+    ``MAX_WORKERS``."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return min(cores, MAX_WORKERS)
 
 
 def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Tuple[str, str]]) -> Tuple[TokenArrays, TokenArrays]:
@@ -47,7 +50,8 @@ def encode_in_worker(pairs: Chunk) -> Tuple[TokenArrays, TokenArrays]:
 
 
 def pool_context() -> multiprocessing.context.BaseContext:
-    """Fork where there is fork (quick to start, nothing to re-import), else spawn."""
+    """Fork where there is fork (quick to start, nothing to re-import; as torch's DataLoader
+    workers: the children run SentencePiece and NumPy only, never torch), else spawn."""
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 

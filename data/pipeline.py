@@ -18,6 +18,7 @@ No pass holds the training text whole: each one reads the files (or Arrow record
 import logging
 import statistics
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -95,10 +96,12 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
             raise DataError(f"{describe_source(cfg)} has no '{required}' split: data.hub.splits must map one")
     folder = Path(cfg.cache_dir) / "store" / store_key(store_settings(cfg, corpus))
     start = time.perf_counter()
-    store = open_store(folder)
+    # the training text is checked only when subword sampling reads it (it is most of the store)
+    unread = () if cfg.sampling_alpha is not None else (f"{TRAIN}.src.text", f"{TRAIN}.tgt.text")
+    store = open_store(folder, unread)
     if store is None:
         build_store(folder, corpus, cfg)
-        store = open_store(folder)
+        store = open_store(folder, unread)
         if store is None:
             raise DataError(f"the token store {folder} was built but cannot be read back; check the disk")
         seconds = store.manifest["stats"]["seconds"]
@@ -188,9 +191,24 @@ def encode_train(writer: StoreWriter, text: TrainText, tokenizer: Tokenizer, max
     total = text.pairs
     workers = usable_cores() if total >= 2 * CHUNK else 1
     sides = writer.split(TRAIN)
+    encoded = closing(encode_chunks(chunked(text, CHUNK), tokenizer, workers))  # an error ends the pool too
+    with encoded as chunks:
+        n_long = write_train(sides, chunks, total, workers, max_len)
+    if n_long:
+        log.info("dropped %d training pairs longer than data.max_len=%d subword tokens", n_long, max_len)
+    if n_long == total:
+        raise DataError(
+            f"every training pair is longer than data.max_len={max_len} subword tokens: raise data.max_len"
+        )
+    return n_long
+
+
+def write_train(sides, chunks, total: int, workers: int, max_len: int) -> int:
+    """Append the encoded chunks to the training split's writers, without the pairs longer than
+    ``max_len`` on a side (their number is returned), logging the progress every 10 s."""
     done = n_long = 0
     start = last = time.perf_counter()
-    for chunk, src, tgt in encode_chunks(chunked(text, CHUNK), tokenizer, workers):
+    for chunk, src, tgt in chunks:
         keep = keep_mask(src, tgt, max_len)  # (N,)
         n_long += int(len(keep) - keep.sum())
         kept = [pair for pair, ok in zip(chunk, keep.tolist()) if ok]
@@ -208,12 +226,6 @@ def encode_train(writer: StoreWriter, text: TrainText, tokenizer: Tokenizer, max
                 workers,
             )
             last = now
-    if n_long:
-        log.info("dropped %d training pairs longer than data.max_len=%d subword tokens", n_long, max_len)
-    if n_long == total:
-        raise DataError(
-            f"every training pair is longer than data.max_len={max_len} subword tokens: raise data.max_len"
-        )
     return n_long
 
 

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import zlib
 from pathlib import Path
@@ -85,6 +86,9 @@ class AppendFile:
         self.size += len(data)
         self.count += len(values)
 
+    def abandon(self) -> None:
+        self.stream.close()
+
     def close(self) -> Dict[str, Any]:
         """Flush to disk; the file's entry of the manifest."""
         self.stream.flush()
@@ -117,6 +121,10 @@ class SplitWriter:
     def close(self) -> Dict[str, Dict[str, Any]]:
         return {name: file.close() for name, file in self.files.items()}
 
+    def abandon(self) -> None:
+        for file in self.files.values():
+            file.abandon()
+
 
 class StoreWriter:
     """A store being built, in a temporary folder beside ``folder`` until ``commit``."""
@@ -124,9 +132,9 @@ class StoreWriter:
     def __init__(self, folder: Path, dtype: np.dtype):
         self.folder, self.dtype = Path(folder), np.dtype(dtype)
         self.folder.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(
-            tempfile.mkdtemp(dir=self.folder.parent, prefix=f".{self.folder.name}.", suffix=".tmp")
-        )
+        remove_abandoned_builds(self.folder.parent)
+        prefix = f".{self.folder.name}.{socket.gethostname()}.{os.getpid()}."
+        self.tmp = Path(tempfile.mkdtemp(dir=self.folder.parent, prefix=prefix, suffix=".tmp"))
         self.splits: Dict[str, Dict[str, SplitWriter]] = {}
         self.models: List[str] = []
 
@@ -162,7 +170,31 @@ class StoreWriter:
             self.discard()  # built meanwhile by another run: keep that one
 
     def discard(self) -> None:
+        for sides in self.splits.values():
+            for writer in sides.values():
+                writer.abandon()
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def remove_abandoned_builds(parent: Path) -> None:
+    """Remove the temporary folders of builds on this machine whose process is gone (killed, or
+    out of memory, before it could clean up); those of running builds stay."""
+    host = socket.gethostname()
+    for tmp in parent.glob(".*.tmp"):
+        parts = tmp.name.split(".")  # "", key, host, pid, random, "tmp"
+        if len(parts) == 6 and parts[2] == host and parts[3].isdigit() and not process_alive(int(parts[3])):
+            log.info("removing %s, the folder of a token store build that did not finish", tmp)
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def file_crc(path: Path) -> int:
@@ -185,13 +217,14 @@ class TokenStore:
         self.manifest = read_manifest(self.folder)
         self.dtype = np.dtype(self.manifest["dtype"])
 
-    def check(self) -> None:
-        """Every file of the manifest is there with its size and CRC-32 (``StoreError`` if not)."""
+    def check(self, skip_crc: Sequence[str] = ()) -> None:
+        """Every file of the manifest is there with its size and, but for ``skip_crc``, its CRC-32
+        (``StoreError`` if not)."""
         for name, entry in self.manifest["files"].items():
             path = self.folder / name
             if not path.is_file() or path.stat().st_size != entry["bytes"]:
                 raise StoreError(f"{name} is missing or has the wrong size")
-            if file_crc(path) != entry["crc32"]:
+            if name not in skip_crc and file_crc(path) != entry["crc32"]:
                 raise StoreError(f"{name} does not match its checksum")
 
     @property
@@ -232,16 +265,17 @@ def read_manifest(folder: Path) -> Dict[str, Any]:
     return manifest
 
 
-def open_store(folder: Path) -> Optional[TokenStore]:
-    """The store in ``folder`` when it is complete and intact; None when there is none. A damaged
-    one is removed (with a warning) and None returned, so that it is built again."""
+def open_store(folder: Path, skip_crc: Sequence[str] = ()) -> Optional[TokenStore]:
+    """The store in ``folder`` when it is complete and intact (``TokenStore.check``); None when
+    there is none. A damaged one is removed (with a warning) and None returned, so that it is
+    built again."""
     if not folder.is_dir():
         return None
     try:
         store = TokenStore(folder)
-        store.check()
+        store.check(skip_crc)
         return store
-    except StoreError as error:
+    except (StoreError, KeyError, TypeError, ValueError, OSError) as error:
         log.warning("token store %s is damaged (%s): building it again", folder, error)
         shutil.rmtree(folder, ignore_errors=True)
         return None

@@ -369,7 +369,8 @@ def test_data_stats_prints_the_stats_block_of_the_slice(real_runs, multi30k_slic
     assert re.match(rf"\s+{SPLIT}\s+30 pairs", lines[3])
     assert "  vocabulary: 500 (joint)" in lines
     assert any(re.match(r"  train batches: \d+ per epoch, .*\(batch_tokens=2000\)$", line) for line in lines)
-    assert lines[-1].startswith("  time: load ")
+    assert lines[-2].startswith("  time: ") and "sampler epoch" in lines[-2] and "ready" in lines[-2]
+    assert lines[-1].startswith("  peak memory: ") and "private memory added by the data" in lines[-1]
 
 
 def test_compare_reports_on_a_folder_of_runs(real_runs):

@@ -83,11 +83,21 @@ def active() -> bool:
 
 @contextmanager
 def main_first(world: World) -> Iterator[None]:
-    """Rank 0 runs the block first (it may write caches); the other ranks then run it."""
-    if world.distributed and not world.main:
-        dist.barrier()
+    """Rank 0 runs the block first (it may write caches, such as the token store); then the first
+    rank of each other machine (a cache folder local to each machine is written there once); then
+    all the others, which find what those wrote."""
+    if not world.distributed:
+        yield
+        return
+    first, machine_first = world.main, world.local_rank == 0 and not world.main
+    if not first:
+        dist.barrier()  # rank 0 is done
+    if not first and not machine_first:
+        dist.barrier()  # the first rank of every machine is done
     yield
-    if world.distributed and world.main:
+    if first:
+        dist.barrier()
+    if first or machine_first:
         dist.barrier()
 
 
