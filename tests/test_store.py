@@ -3,6 +3,9 @@ text, rebuilt when a file or an option changes, never used damaged; parallel enc
 
 import logging
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,7 +117,9 @@ def test_a_changed_file_or_option_gets_its_own_store(corpus, tmp_path):
         assert sampled.tokenizer.encode_tgt([tgt_text[i]])[0] == train.tgt[i]
 
 
-@pytest.mark.parametrize("damage", ["flipped byte", "truncated", "missing file", "no manifest"])
+@pytest.mark.parametrize(
+    "damage", ["flipped byte", "truncated", "missing file", "no manifest", "bad manifest"]
+)
 def test_a_damaged_store_is_built_again_not_used(corpus, tmp_path, caplog, damage):
     cfg = config(corpus, tmp_path / "cache")
     prepared = prepare_data(cfg)
@@ -128,8 +133,10 @@ def test_a_damaged_store_is_built_again_not_used(corpus, tmp_path, caplog, damag
         ids.write_bytes(ids.read_bytes()[:-2])
     elif damage == "missing file":
         (folder / "val.tgt.text").unlink()
-    else:
+    elif damage == "no manifest":
         (folder / MANIFEST).unlink()
+    else:
+        (folder / MANIFEST).write_text('{"format": 1}')  # JSON, but not a manifest
     with caplog.at_level(logging.WARNING, logger="data.store"):
         again = prepare_data(cfg)
     assert "is damaged" in caplog.text and "building it again" in caplog.text
@@ -171,3 +178,20 @@ def test_a_hub_data_set_streams_from_its_arrow_files_into_the_same_store(corpus,
     assert same_data(snapshot(from_hub), snapshot(from_files))
     assert not [path for path in cache.rglob("*") if path.suffix in (".de", ".en")]  # no text files between
     assert from_hub.stats["source"].startswith("hub ")
+
+
+def test_the_folders_of_builds_that_died_are_removed_and_running_ones_kept(corpus, tmp_path):
+    cache = tmp_path / "cache"
+    (cache / "store").mkdir(parents=True)
+    host = socket.gethostname()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    abandoned = cache / "store" / f".0123456789abcdef.{host}.{int(dead.stdout)}.x1y2.tmp"
+    running = cache / "store" / f".0123456789abcdef.{host}.{os.getpid()}.z3w4.tmp"
+    for folder in (abandoned, running):
+        folder.mkdir()
+        (folder / "train.src.ids").write_bytes(b"partial")
+    prepare_data(config(corpus, cache))
+    assert not abandoned.exists() and running.is_dir()
+    assert len(stores(cache)) == 2  # the new store, and the running build's folder
