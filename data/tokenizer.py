@@ -18,8 +18,9 @@ import random
 import time
 import unicodedata
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import sentencepiece as spm
 
 from common.files import AtomicFile
@@ -102,6 +103,7 @@ class Tokenizer:
 
 
 NBEST = 64  # the segmentations that sampling draws from (Kudo 2018's l-best sampling, l = 64)
+SAMPLE = "numpy-exact-1"  # how sample_sentences draws: part of the cache key
 
 
 def sample(
@@ -132,7 +134,7 @@ def spm_options(vocab_size: int, model_type: str) -> Dict[str, object]:
         "character_coverage": 1.0,
         "byte_fallback": True,  # unseen characters become byte pieces, not <unk>
         "normalization_rule_name": "nmt_nfkc",
-        "input_sentence_size": 2_000_000,  # a sample, for the large hub corpora
+        "input_sentence_size": 2_000_000,  # at most this many sentences, drawn by sample_sentences
         "shuffle_input_sentence": True,
         "num_threads": 2,
     }
@@ -161,14 +163,32 @@ def train_model(lines: Iterable[str], options: Dict[str, object]) -> bytes:
     return model.getvalue()
 
 
-def cache_key(pairs: Iterable[Tuple[str, str]], options: Dict[str, object], joint: bool) -> str:
-    """Hash of the training text, the options and the SentencePiece version: same inputs, same model."""
+def cache_key(pairs: Iterable[Tuple[str, str]], options: Dict[str, object], joint: bool) -> Tuple[str, int]:
+    """Hash of the training text, the options, the sampling and the SentencePiece version (same
+    inputs, same model), and the number of pairs."""
     settings = {k: v for k, v in options.items() if k != "num_threads"}  # threads do not change the model
-    settings.update(joint=joint, sentencepiece=spm.__version__)
+    settings.update(joint=joint, sentencepiece=spm.__version__, sample=SAMPLE)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    count = 0
     for src, tgt in pairs:
         digest.update(src.encode("utf-8") + b"\0" + tgt.encode("utf-8") + b"\n")
-    return digest.hexdigest()[:16]
+        count += 1
+    return digest.hexdigest()[:16], count
+
+
+def sample_sentences(sentences: Iterable[str], total: int, limit: int, seed: int = 1) -> Iterator[str]:
+    """Exactly ``limit`` of the ``total`` sentences (all of them when there are no more), chosen by
+    NumPy's generator seeded with ``seed``: the same sample in every process. SentencePiece samples
+    ``input_sentence_size`` sentences itself otherwise, differently in each process."""
+    if total <= limit:
+        yield from sentences
+        return
+    chosen = np.sort(np.random.default_rng(seed).choice(total, size=limit, replace=False))  # (limit,)
+    position = 0
+    for index, sentence in enumerate(sentences):
+        if position < limit and index == chosen[position]:
+            position += 1
+            yield sentence
 
 
 def build_tokenizer(
@@ -177,22 +197,25 @@ def build_tokenizer(
     """Train SentencePiece on the training pairs, or load the models cached for the same input.
 
     ``pairs`` is read more than once (a list, or a stream that reads its files anew each time):
-    once for the cache key, then by the training, which keeps a sample of ``input_sentence_size``
-    sentences, so the text is never held whole."""
+    once for the cache key, then by the training, which gets a sample of ``input_sentence_size``
+    sentences (``sample_sentences``), so the text is never held whole."""
     options = spm_options(vocab_size, model_type)
-    folder = Path(cache_dir) / "spm" / cache_key(pairs, options, joint)
+    key, count = cache_key(pairs, options, joint)
+    folder = Path(cache_dir) / "spm" / key
     names = ["joint.model"] if joint else ["src.model", "tgt.model"]
     paths = [folder / name for name in names]
     if all(path.is_file() for path in paths):
         log.info("tokenizer: using the cached SentencePiece model(s) in %s", folder)
         return Tokenizer(*(path.read_bytes() for path in paths))
     start = time.perf_counter()
+    limit = int(options["input_sentence_size"])
     if joint:
-        models = [train_model((text for pair in pairs for text in pair), options)]
+        sentences = (text for pair in pairs for text in pair)
+        models = [train_model(sample_sentences(sentences, 2 * count, limit), options)]
     else:
         models = [
-            train_model((src for src, _ in pairs), options),
-            train_model((tgt for _, tgt in pairs), options),
+            train_model(sample_sentences((src for src, _ in pairs), count, limit), options),
+            train_model(sample_sentences((tgt for _, tgt in pairs), count, limit), options),
         ]
     folder.mkdir(parents=True, exist_ok=True)
     for path, model in zip(paths, models):

@@ -1,4 +1,6 @@
 import logging
+import subprocess
+import sys
 
 import pytest
 
@@ -6,7 +8,7 @@ from data.corpus import folder_splits
 from data.errors import DataError
 from data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, build_tokenizer, normalize
 
-from helpers import read_all
+from helpers import ROOT, read_all
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +94,18 @@ def test_vocabulary_too_large_for_the_data_is_a_clear_error(tmp_path):
         build_tokenizer(pairs, 5000, True, "unigram", str(tmp_path))
     with pytest.raises(DataError, match=r"data.vocab_size=100 does not fit .*raise data.vocab_size$"):
         build_tokenizer(pairs, 100, True, "unigram", str(tmp_path))
+
+
+def test_the_training_sample_is_exact_and_the_same_in_every_process():
+    from data.tokenizer import sample_sentences
+
+    lines = [f"sentence {i}" for i in range(1000)]
+    assert list(sample_sentences(iter(lines), 1000, 1000)) == lines  # no more than the limit: all, in order
+    sample = list(sample_sentences(iter(lines), 1000, 300))
+    assert len(sample) == len(set(sample)) == 300 and sample == sorted(sample, key=lines.index)
+    code = (
+        "from data.tokenizer import sample_sentences; "
+        "print(list(sample_sentences((f'sentence {i}' for i in range(1000)), 1000, 300)))"
+    )
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert other.stdout.strip() == str(sample)  # another process draws the same sentences
