@@ -7,6 +7,7 @@ encoding.py   text to ids on every core, in chunks
 arrays.py     id sequences kept flat in NumPy arrays, padded into tensors
 store.py      the token store: encoded splits on disk, memory-mapped
 batching.py   token-bucket batch sampler and batches
+loading.py    an epoch's batches collated in order, here or by worker processes
 pipeline.py   prepare_data(cfg): the store of one data config, built once, with stats
 
 Imports nothing from models/ or training/.

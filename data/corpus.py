@@ -137,11 +137,6 @@ class FileSplit:
         return f"{self.src} / {self.tgt}"
 
 
-def read_parallel(src_path: Path, tgt_path: Path) -> Pairs:
-    """Aligned (source, target) pairs from two files of the same number of lines."""
-    return list(FileSplit(Path(src_path), Path(tgt_path)).pairs())
-
-
 # --- sources ------------------------------------------------------------------------------------
 
 
@@ -339,12 +334,6 @@ def corpus_splits(cfg: DataConfig) -> Corpus:
 
 
 # --- cleaning -----------------------------------------------------------------------------------
-
-
-def drop_empty_pairs(pairs: Pairs) -> Tuple[Pairs, int]:
-    """Training pairs whose two sides both hold text, and how many were dropped."""
-    kept = [(src, tgt) for src, tgt in pairs if src.strip() and tgt.strip()]
-    return kept, len(pairs) - len(kept)
 
 
 def eval_split_names(corpus: Corpus) -> List[str]:

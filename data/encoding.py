@@ -9,11 +9,14 @@ ids come back as ``TokenArrays`` (flat arrays, cheap to send between processes),
 import multiprocessing
 import os
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from data.arrays import TokenArrays
+from data.errors import DataError
 from data.tokenizer import Tokenizer
 
 Chunk = List[Tuple[str, str]]  # (source, target) pairs
@@ -65,16 +68,25 @@ def encode_chunks(
         for chunk in chunks:
             yield (chunk, *encode_pairs(tokenizer, chunk))
         return
-    with pool_context().Pool(workers, initializer=init_worker, initargs=(tokenizer.state_dict(),)) as pool:
+    pool = ProcessPoolExecutor(
+        workers, mp_context=pool_context(), initializer=init_worker, initargs=(tokenizer.state_dict(),)
+    )
+    try:
         pending: deque = deque()
         for chunk in chunks:
-            pending.append((chunk, pool.apply_async(encode_in_worker, (chunk,))))
+            pending.append((chunk, pool.submit(encode_in_worker, chunk)))
             if len(pending) >= IN_FLIGHT * workers:
-                done, result = pending.popleft()
-                yield (done, *result.get())
+                done, future = pending.popleft()
+                yield (done, *future.result())
         while pending:
-            done, result = pending.popleft()
-            yield (done, *result.get())
+            done, future = pending.popleft()
+            yield (done, *future.result())
+    except BrokenProcessPool:  # a worker was killed (say, out of memory): fail instead of waiting
+        raise DataError(
+            "a worker encoding the training text died (out of memory?): free memory and run again"
+        ) from None
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # also when the caller stops early
 
 
 def chunked(pairs: Iterable[Tuple[str, str]], size: int) -> Iterator[Chunk]:

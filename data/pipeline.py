@@ -32,7 +32,7 @@ from data.corpus import TRAIN, VALID, Corpus, corpus_splits, describe_source, ev
 from data.encoding import chunked, encode_chunks, encode_pairs, keep_mask, select, usable_cores
 from data.errors import DataError
 from data.store import StoreWriter, TextArrays, TokenStore, ids_dtype, open_store, store_key
-from data.tokenizer import Tokenizer, build_tokenizer, spm_options
+from data.tokenizer import SAMPLE, Tokenizer, build_tokenizer, spm_options
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def store_settings(cfg: DataConfig, corpus: Corpus) -> Dict[str, Any]:
         "tgt": cfg.tgt,
         "train_limit": cfg.train_limit,
         "max_len": cfg.max_len,
-        "spm": {**options, "joint": cfg.joint_vocab, "version": spm.__version__},
+        "spm": {**options, "joint": cfg.joint_vocab, "version": spm.__version__, "sample": SAMPLE},
     }
 
 
@@ -100,7 +100,12 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     unread = () if cfg.sampling_alpha is not None else (f"{TRAIN}.src.text", f"{TRAIN}.tgt.text")
     store = open_store(folder, unread)
     if store is None:
-        build_store(folder, corpus, cfg)
+        try:
+            build_store(folder, corpus, cfg)
+        except OSError as error:  # a full disk, a folder we may not write
+            raise DataError(
+                f"building the token store {folder} failed ({error}): free disk space or set data.cache_dir"
+            ) from None
         store = open_store(folder, unread)
         if store is None:
             raise DataError(f"the token store {folder} was built but cannot be read back; check the disk")

@@ -36,7 +36,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from common.files import current_umask
 from data.arrays import TokenArrays
+from data.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +114,11 @@ class SplitWriter:
 
     def append(self, ids: TokenArrays, texts: Sequence[str]) -> None:
         """Sequences (``ids``) and their sentences (``texts``), in order."""
-        raw = [text.encode("utf-8") for text in texts]
+        text = TextArrays.from_texts(texts)
         self.ids.append(ids.ids)
         self.lengths.append(ids.lengths)
-        self.text.append(np.frombuffer(b"".join(raw), dtype=np.uint8))
-        self.bytes.append(np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)))
+        self.text.append(text.ids)
+        self.bytes.append(text.lengths)
 
     def close(self) -> Dict[str, Dict[str, Any]]:
         return {name: file.close() for name, file in self.files.items()}
@@ -162,6 +164,7 @@ class StoreWriter:
         manifest = {"format": FORMAT, "dtype": self.dtype.name, "models": self.models, "pairs": pairs}
         manifest.update(files=files, stats=stats)
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from other users
         try:
             os.rename(self.tmp, self.folder)
         except OSError:
@@ -181,8 +184,9 @@ def remove_abandoned_builds(parent: Path) -> None:
     out of memory, before it could clean up); those of running builds stay."""
     host = socket.gethostname()
     for tmp in parent.glob(".*.tmp"):
-        parts = tmp.name.split(".")  # "", key, host, pid, random, "tmp"
-        if len(parts) == 6 and parts[2] == host and parts[3].isdigit() and not process_alive(int(parts[3])):
+        parts = tmp.name.split(".")  # "", key, host (dots allowed), pid, random, "tmp"
+        pid, builder = parts[-3], ".".join(parts[2:-3])
+        if len(parts) >= 6 and builder == host and pid.isdigit() and not process_alive(int(pid)):
             log.info("removing %s, the folder of a token store build that did not finish", tmp)
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -258,8 +262,8 @@ class TokenStore:
 def read_manifest(folder: Path) -> Dict[str, Any]:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError) as error:
-        raise StoreError(f"{MANIFEST} cannot be read ({error})") from None
+    except (FileNotFoundError, ValueError) as error:  # a folder without its manifest is no store
+        raise StoreError(f"{MANIFEST} is missing or not JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise StoreError(f"{MANIFEST} is not of format {FORMAT}")
     return manifest
@@ -275,7 +279,9 @@ def open_store(folder: Path, skip_crc: Sequence[str] = ()) -> Optional[TokenStor
         store = TokenStore(folder)
         store.check(skip_crc)
         return store
-    except (StoreError, KeyError, TypeError, ValueError, OSError) as error:
+    except (StoreError, KeyError, TypeError, ValueError) as error:
         log.warning("token store %s is damaged (%s): building it again", folder, error)
         shutil.rmtree(folder, ignore_errors=True)
         return None
+    except OSError as error:  # not damage (permissions, too many open files): keep the store
+        raise DataError(f"cannot read the token store {folder}: {error}; check data.cache_dir") from None

@@ -134,7 +134,7 @@ def spm_options(vocab_size: int, model_type: str) -> Dict[str, object]:
         "character_coverage": 1.0,
         "byte_fallback": True,  # unseen characters become byte pieces, not <unk>
         "normalization_rule_name": "nmt_nfkc",
-        "input_sentence_size": 2_000_000,  # at most this many sentences, drawn by sample_sentences
+        "input_sentence_size": 1_000_000,  # at most this many sentences, drawn by sample_sentences
         "shuffle_input_sentence": True,
         "num_threads": 2,
     }

@@ -136,6 +136,7 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
         ("trainer.max_minutes=0", "trainer.max_minutes must be positive, got 0.0"),
         ("trainer.label_smoothing=1.0", "trainer.label_smoothing must be in [0, 1), got 1.0"),
         ("trainer.attention_samples=-1", "trainer.attention_samples must be 0 or more, got -1"),
+        ("trainer.loader_workers=-1", "trainer.loader_workers must be 0 or more, got -1"),
         ("trainer.schedule_steps=0", "trainer.schedule_steps must be at least 1, got 0"),
         (
             "trainer.average_last=1",

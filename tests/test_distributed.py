@@ -153,6 +153,33 @@ def test_both_ranks_map_one_token_store_and_a_killed_rank_makes_the_job_fail_ins
     assert not (run / "results.json").exists()
 
 
+def test_two_ranks_build_the_token_store_once_and_both_map_it(multi30k_slice, tmp_path):
+    """scripts/data_stats.py under torchrun logs on every rank: rank 0 builds, rank 1 uses."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "scripts" / "data_stats.py"),
+            f"data.root={multi30k_slice}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.vocab_size=500",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-2000:]
+    assert log.count("data: building the token store") == 1, log[-2000:]
+    assert log.count("data: using the token store") == 1, log[-2000:]
+    assert "rank 0:" in log and "rank 1:" in log, log[-2000:]  # both ranks' memory lines
+    assert len(list((tmp_path / "cache" / "store").iterdir())) == 1
+
+
 def test_a_two_task_submitit_job_trains_as_two_ranks(multi30k_slice, tmp_path):
     """The SLURM path without SLURM: Hydra's submitit launcher, local executor, 2 tasks in one
     job; train.py maps the tasks onto torchrun's variables and trains with DDP (optional plugin)."""

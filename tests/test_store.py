@@ -2,8 +2,11 @@
 text, rebuilt when a file or an option changes, never used damaged; parallel encoding."""
 
 import logging
+import multiprocessing
 import os
+import signal
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +17,7 @@ import pytest
 from data.config import data_config
 from data.corpus import folder_splits
 from data.encoding import chunked, encode_chunks, encode_pairs
+from data.errors import DataError
 from data.pipeline import TrainText, prepare_data
 from data.store import MANIFEST
 from data.tokenizer import normalize
@@ -161,6 +165,30 @@ def test_parallel_encoding_gives_the_serial_ids(corpus, tmp_path):
     assert np.array_equal(np.concatenate([tgt.lengths for _, _, tgt in parts]), serial_tgt.lengths)
 
 
+def test_a_killed_encoding_worker_fails_the_build_instead_of_hanging(corpus, tmp_path):
+    tokenizer = prepare_data(config(corpus, tmp_path / "cache")).tokenizer
+    pairs = list(TrainText(folder_splits(corpus, "de", "en")["train"], None))
+    stream = encode_chunks(chunked(pairs * 20, 500), tokenizer, workers=2)
+    next(stream)
+    workers = multiprocessing.active_children()
+    assert len(workers) == 2
+    os.kill(workers[0].pid, signal.SIGKILL)
+    with pytest.raises(DataError, match="a worker encoding the training text died"):
+        for _ in stream:
+            pass
+    assert multiprocessing.active_children() == []
+
+
+def test_the_store_gets_the_permissions_of_the_umask_for_other_users_of_the_cache(corpus, tmp_path):
+    previous = os.umask(0o022)
+    try:
+        prepare_data(config(corpus, tmp_path / "cache"))
+    finally:
+        os.umask(previous)
+    (store,) = (tmp_path / "cache" / "store").iterdir()
+    assert stat.S_IMODE(store.stat().st_mode) == 0o755  # not mkdtemp's 0700
+
+
 def test_a_hub_data_set_streams_from_its_arrow_files_into_the_same_store(corpus, tmp_path):
     import datasets
 
@@ -180,10 +208,11 @@ def test_a_hub_data_set_streams_from_its_arrow_files_into_the_same_store(corpus,
     assert from_hub.stats["source"].startswith("hub ")
 
 
-def test_the_folders_of_builds_that_died_are_removed_and_running_ones_kept(corpus, tmp_path):
+def test_the_folders_of_builds_that_died_are_removed_and_running_ones_kept(corpus, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     (cache / "store").mkdir(parents=True)
-    host = socket.gethostname()
+    host = socket.gethostname() + ".cluster.example"  # a name with dots, as on many clusters
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )

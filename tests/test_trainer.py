@@ -1,9 +1,12 @@
-"""The training loop's own behaviour: seeding, schedule wiring, accumulation, resume, limits."""
+"""The training loop's own behaviour: seeding, schedule wiring, accumulation, resume, limits, loader workers."""
+
+import multiprocessing
 
 import pytest
 import torch
 
 from data.corpus import TRAIN
+from data.loading import collated
 from training.checkpoint import load_checkpoint
 from training.trainer import Trainer
 
@@ -187,11 +190,10 @@ def test_sampling_resegments_training_pairs_each_epoch_and_never_validation(
     sampled = make_trainer(multi30k_slice, compose_config, tmp_path / "sampled", "data.sampling_alpha=0.5")
     batch = list(sampled.sampler)[0]
     assert list(plain.sampler)[0].tolist() == batch.tolist()  # the batches are packed by the plain lengths
-    epoch0 = sampled.collate(batch)
-    again = sampled.collate(batch)
-    sampled.progress.epoch = 1
-    epoch1 = sampled.collate(batch)
-    unsampled = plain.collate(batch)
+    epoch0 = sampled.collate(batch, 0)
+    again = sampled.collate(batch, 0)
+    epoch1 = sampled.collate(batch, 1)
+    unsampled = plain.collate(batch, 0)
     assert torch.equal(epoch0.src, again.src) and torch.equal(epoch0.tgt_out, again.tgt_out)
     assert not torch.equal(epoch0.src, unsampled.src)
     assert not torch.equal(epoch0.src, epoch1.src)
@@ -200,3 +202,41 @@ def test_sampling_resegments_training_pairs_each_epoch_and_never_validation(
     assert tok.decode_tgt(rows(epoch0)) == tok.decode_tgt(rows(unsampled))  # the same text
     for split in (VALID, "test_2016_flickr"):
         assert list(sampled.data.datasets[split].src) == list(plain.data.datasets[split].src)
+
+
+SAMPLED = ("data.sampling_alpha=0.5",)  # collation draws segmentations: the slow case workers are for
+
+
+def same_batch(a, b) -> bool:
+    return all(torch.equal(getattr(a, name), getattr(b, name)) for name in a.__dataclass_fields__)
+
+
+def test_workers_collate_the_same_batches_in_the_same_order(multi30k_slice, compose_config, tmp_path):
+    trainer = make_trainer(multi30k_slice, compose_config, tmp_path, *SAMPLED)
+    trainer.sampler.set_epoch(1)
+    batches = list(trainer.sampler)[:7]
+    here = list(collated(batches, lambda b: trainer.collate(b, 1), 0))
+    ahead = list(collated(batches, lambda b: trainer.collate(b, 1), 2))
+    assert len(here) == len(ahead) == 7
+    assert all(same_batch(a, b) for a, b in zip(here, ahead))
+    assert not same_batch(here[0], trainer.collate(batches[0], 0))  # another epoch, another segmentation
+
+
+def test_training_with_workers_gives_the_same_weights_and_ends_them(multi30k_slice, compose_config, tmp_path):
+    runs = {}
+    for workers in (0, 2):
+        trainer = make_trainer(
+            multi30k_slice,
+            compose_config,
+            tmp_path / str(workers),
+            *SAMPLED,
+            "trainer.accumulate=2",
+            f"trainer.loader_workers={workers}",
+        )
+        reason = trainer.fit(max_steps=3, evaluate_last=False)  # stops inside the first epoch
+        trainer.close()
+        assert "max_steps" in reason and trainer.progress.batches_done == 6
+        assert multiprocessing.active_children() == []  # the workers ended with the epoch's stop
+        runs[workers] = trainer.model.state_dict()
+    for name, tensor in runs[0].items():
+        assert torch.equal(tensor, runs[2][name]), name

@@ -67,6 +67,9 @@ class TrainerConfig:
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
     num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
     compile: bool = False  # torch.compile the model
+    # Processes that collate training batches ahead of the step (data/loading.py; 0: collated in
+    # this process, between steps). The batches are the same either way.
+    loader_workers: int = 0
 
 
 @dataclass
@@ -143,5 +146,6 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         raise ValueError(f"trainer.max_minutes must be positive, got {tc.max_minutes}")
     if not 0.0 <= tc.label_smoothing < 1.0:
         raise ValueError(f"trainer.label_smoothing must be in [0, 1), got {tc.label_smoothing}")
-    if tc.attention_samples < 0:
-        raise ValueError(f"trainer.attention_samples must be 0 or more, got {tc.attention_samples}")
+    for key in ("attention_samples", "loader_workers"):
+        if getattr(tc, key) < 0:
+            raise ValueError(f"trainer.{key} must be 0 or more, got {getattr(tc, key)}")

@@ -12,7 +12,7 @@ import random
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from torch import nn
 from data.batching import BATCH_ORDER, Batch, TokenBucketSampler, collate
 from data.config import DataConfig, data_config
 from data.corpus import TRAIN
+from data.loading import collated
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
 from data.sampling import Resegmenter
 from data.specials import PAD_ID
@@ -223,11 +224,21 @@ class Trainer:
         """Train on the rest of the current epoch; returns why training must stop, or None."""
         p, tc = self.progress, self.tc
         batches = self.epoch_batches()
+        epoch = p.epoch
+        stream = collated(batches[p.batches_done :], lambda b: self.collate(b, epoch), tc.loader_workers)
+        try:
+            return self.train_batches(batches, stream)
+        finally:
+            stream.close()  # ends the loader's workers when the epoch stops early
+
+    def train_batches(self, batches: List[np.ndarray], stream: Iterator[Batch]) -> Optional[str]:
+        """Train on the current epoch's ``batches`` from ``batches_done`` on, collated by ``stream``."""
+        p, tc = self.progress, self.tc
         while p.batches_done < len(batches):
             group = batches[p.batches_done : p.batches_done + tc.accumulate]
             where = p.position(len(group))  # for messages: "epoch 3 batch 117"
             tick = time.perf_counter()
-            stats = self.train_step([self.collate(indices) for indices in group])
+            stats = self.train_step([next(stream) for _ in group])
             seconds = time.perf_counter() - tick
             p.batches_done += len(group)
             if p.batches_done >= len(batches):
@@ -267,9 +278,10 @@ class Trainer:
             )
         return batches
 
-    def collate(self, indices: np.ndarray) -> Batch:
+    def collate(self, indices: np.ndarray, epoch: int) -> Batch:
+        """The training pairs ``indices`` as a ``Batch``, in the segmentation of ``epoch``."""
         if self.resegmenter is not None:  # data.sampling_alpha: this epoch's segmentation
-            return collate([self.resegmenter.example(i, self.progress.epoch) for i in indices])
+            return collate([self.resegmenter.example(i, epoch) for i in indices])
         return self.data.datasets[TRAIN].batch(indices)
 
     def train_step(self, batches: List[Batch]) -> StepStats:
