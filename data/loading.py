@@ -10,6 +10,7 @@ to the step (subword sampling on a GPU); on a CPU they take cores from the step.
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.batching import Batch
@@ -51,6 +52,9 @@ def collated(batches: Sequence[np.ndarray], collate: Collate, workers: int) -> I
         num_workers=workers,
         prefetch_factor=PREFETCH,
         multiprocessing_context="fork",
+        # the workers' seeds come from a generator of their own: drawn from torch's global one, they
+        # would shift the dropout masks of the training (and its exact resume)
+        generator=torch.Generator().manual_seed(0),
     )
     iterator = iter(loader)
     try:
