@@ -83,7 +83,7 @@ def encode_chunks(
             yield (done, *future.result())
     except BrokenProcessPool:  # a worker was killed (say, out of memory): fail instead of waiting
         raise DataError(
-            "a worker encoding the training text died (out of memory?): free memory and run again"
+            "a worker encoding the training text died (out of memory, or it could not start): free memory and run again"
         ) from None
     finally:
         pool.shutdown(wait=True, cancel_futures=True)  # also when the caller stops early

@@ -7,6 +7,8 @@ resume do not depend on how many workers there are. Workers pay off when collati
 to the step (subword sampling on a GPU); on a CPU they take cores from the step.
 """
 
+import multiprocessing
+import signal
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -14,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data.batching import Batch
+from data.errors import DataError
 
 PREFETCH = 2  # batches each worker prepares ahead
 
@@ -38,13 +41,23 @@ def as_is(batch: Batch) -> Batch:
     return batch
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """A worker's start: Ctrl-C and SIGTERM are the training's to handle (it ends the workers),
+    not each worker's (they would inherit the trainer's handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def collated(batches: Sequence[np.ndarray], collate: Collate, workers: int) -> Iterator[Batch]:
     """``collate(b)`` for every ``b`` of ``batches``, in order: here when ``workers`` is 0, else by
     ``workers`` processes (forked: nothing is pickled) that each keep ``PREFETCH`` batches ready.
-    Close the iterator when stopping early: that ends the workers."""
+    Close the iterator when stopping early: that ends the workers. A worker that fails or dies is
+    one ``DataError``."""
     if workers == 0:
         yield from map(collate, batches)
         return
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise DataError("trainer.loader_workers needs processes started by fork (Linux): set it to 0")
     loader = DataLoader(
         CollatedBatches(batches, collate),
         batch_size=None,  # each item is a whole batch
@@ -52,12 +65,19 @@ def collated(batches: Sequence[np.ndarray], collate: Collate, workers: int) -> I
         num_workers=workers,
         prefetch_factor=PREFETCH,
         multiprocessing_context="fork",
+        worker_init_fn=ignore_stop_signals,
         # the workers' seeds come from a generator of their own: drawn from torch's global one, they
         # would shift the dropout masks of the training (and its exact resume)
         generator=torch.Generator().manual_seed(0),
     )
     iterator = iter(loader)
+    failure = None
     try:
         yield from iterator
+    except Exception as error:  # raised in a worker, or a worker killed (say, out of memory)
+        lines = str(error).strip().splitlines()  # a worker's error ends with its own last line
+        failure = lines[-1] if lines else type(error).__name__
     finally:
         del iterator  # its last reference: the workers end now, not at some later collection
+    if failure is not None:
+        raise DataError(f"a trainer.loader_workers process failed ({failure}): set trainer.loader_workers=0")

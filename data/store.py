@@ -2,8 +2,8 @@
 
 One folder per (corpus content, tokenizer options, data options), under
 ``{data.cache_dir}/store/{key}``. The key is a hash of the sources' fingerprints (a file's path,
-size and modification time; a hub split's name), the languages, ``train_limit``, ``max_len``, the
-SentencePiece options and the format version: a run whose key finds a complete store starts
+size and modification time; a hub data set's path, config, split and field), the languages,
+``train_limit``, ``max_len``, the SentencePiece options and the format version: a run whose key finds a complete store starts
 without reading or encoding any text; a changed file or option gives another key, so another
 store.
 
@@ -19,8 +19,9 @@ For every split and side (``src``, ``tgt``) the folder holds::
 the SentencePiece model(s), and ``manifest.json``: the format, every file's size and CRC-32, the
 pairs of every split and the statistics of the build. A store is written into a temporary folder
 beside its place and renamed into it once the manifest is written: a folder in place is
-complete. Opening checks every file against the manifest; a store that fails (a file missing,
-truncated or changed) is removed and built again, never used.
+complete. Opening checks every file's size against the manifest, and its CRC-32 (the training
+text's only when subword sampling reads it); a store that fails (a file missing, truncated or
+changed) is removed and built again, never used.
 """
 
 import hashlib
@@ -226,10 +227,13 @@ class TokenStore:
         (``StoreError`` if not)."""
         for name, entry in self.manifest["files"].items():
             path = self.folder / name
-            if not path.is_file() or path.stat().st_size != entry["bytes"]:
-                raise StoreError(f"{name} is missing or has the wrong size")
-            if name not in skip_crc and file_crc(path) != entry["crc32"]:
-                raise StoreError(f"{name} does not match its checksum")
+            try:
+                if not path.is_file() or path.stat().st_size != entry["bytes"]:
+                    raise StoreError(f"{name} is missing or has the wrong size")
+                if name not in skip_crc and file_crc(path) != entry["crc32"]:
+                    raise StoreError(f"{name} does not match its checksum")
+            except FileNotFoundError:  # removed meanwhile, say by another run that found it damaged
+                raise StoreError(f"{name} is missing") from None
 
     @property
     def splits(self) -> List[str]:
@@ -266,6 +270,8 @@ def read_manifest(folder: Path) -> Dict[str, Any]:
         raise StoreError(f"{MANIFEST} is missing or not JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise StoreError(f"{MANIFEST} is not of format {FORMAT}")
+    if not isinstance(manifest.get("files"), dict) or not isinstance(manifest.get("pairs"), dict):
+        raise StoreError(f"{MANIFEST} lists no files or pairs")
     return manifest
 
 

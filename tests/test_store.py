@@ -179,6 +179,27 @@ def test_a_killed_encoding_worker_fails_the_build_instead_of_hanging(corpus, tmp
     assert multiprocessing.active_children() == []
 
 
+def test_a_store_that_cannot_be_read_is_kept_and_named_in_one_error(corpus, tmp_path):
+    cache = tmp_path / "cache"
+    prepare_data(config(corpus, cache))
+    (store,) = (cache / "store").iterdir()
+    (store / MANIFEST).unlink()
+    (store / MANIFEST).mkdir()  # reading it fails, but not as a missing or damaged manifest does
+    with pytest.raises(DataError, match=f"cannot read the token store {store}: .*check data.cache_dir"):
+        prepare_data(config(corpus, cache))
+    assert (store / "train.src.ids").is_file()  # not removed
+
+
+def test_a_store_that_cannot_be_written_is_one_error_naming_it(corpus, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "store").write_text("not a folder\n")
+    with pytest.raises(
+        DataError, match=f"building the token store {cache / 'store'}/.* failed .*data.cache_dir"
+    ):
+        prepare_data(config(corpus, cache))
+
+
 def test_the_store_gets_the_permissions_of_the_umask_for_other_users_of_the_cache(corpus, tmp_path):
     previous = os.umask(0o022)
     try:

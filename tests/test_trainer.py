@@ -1,6 +1,7 @@
 """The training loop's own behaviour: seeding, schedule wiring, accumulation, resume, limits, loader workers."""
 
 import multiprocessing
+import os
 
 import pytest
 import torch
@@ -222,21 +223,42 @@ def test_workers_collate_the_same_batches_in_the_same_order(multi30k_slice, comp
     assert not same_batch(here[0], trainer.collate(batches[0], 0))  # another epoch, another segmentation
 
 
-def test_training_with_workers_gives_the_same_weights_and_ends_them(multi30k_slice, compose_config, tmp_path):
-    runs = {}
-    for workers in (0, 2):
-        trainer = make_trainer(
-            multi30k_slice,
-            compose_config,
-            tmp_path / str(workers),
-            *SAMPLED,
-            "trainer.accumulate=2",
-            f"trainer.loader_workers={workers}",
-        )
-        reason = trainer.fit(max_steps=3, evaluate_last=False)  # stops inside the first epoch
-        trainer.close()
-        assert "max_steps" in reason and trainer.progress.batches_done == 6
-        assert multiprocessing.active_children() == []  # the workers ended with the epoch's stop
-        runs[workers] = trainer.model.state_dict()
-    for name, tensor in runs[0].items():
-        assert torch.equal(tensor, runs[2][name]), name
+def test_training_with_workers_stops_resumes_and_crosses_epochs_as_one_process_does(
+    multi30k_slice, compose_config, tmp_path
+):
+    """Two workers, stopped inside epoch 1 and resumed to the end of epoch 2, give the weights of
+    one process training the 2 epochs straight; the batches were collated in the workers."""
+    common = (*SAMPLED, "trainer.accumulate=2", "trainer.max_epochs=2", "trainer.eval_every=3")
+    straight = make_trainer(multi30k_slice, compose_config, tmp_path / "straight", *common)
+    straight.fit(evaluate_last=False)
+    straight.close()
+    run = tmp_path / "workers"
+    first = make_trainer(multi30k_slice, compose_config, run, *common, "trainer.loader_workers=2")
+    assert "max_steps" in first.fit(max_steps=3)  # saves last.pt at step 3, inside epoch 1
+    first.close()
+    assert multiprocessing.active_children() == []  # the stop ended the workers
+    resumed = make_trainer(
+        multi30k_slice,
+        compose_config,
+        run,
+        *common,
+        "trainer.loader_workers=2",
+        f"trainer.resume={run / 'checkpoints' / 'last.pt'}",
+    )
+    assert resumed.resume() and resumed.progress.step == 3
+    pids = run / "collated_by"
+    real = resumed.collate
+
+    def collate_and_record(indices, epoch):  # the real collation, and the process that ran it
+        with open(pids, "a") as out:
+            out.write(f"{os.getpid()}\n")
+        return real(indices, epoch)
+
+    resumed.collate = collate_and_record
+    resumed.fit(evaluate_last=False)
+    resumed.close()
+    assert resumed.progress.epoch == 2 and resumed.progress.step == straight.progress.step
+    collated_by = set(pids.read_text().split())
+    assert str(os.getpid()) not in collated_by and len(collated_by) >= 2
+    for name, tensor in straight.model.state_dict().items():
+        assert torch.equal(tensor, resumed.model.state_dict()[name]), name
