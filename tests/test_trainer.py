@@ -228,13 +228,13 @@ def test_training_with_workers_stops_resumes_and_crosses_epochs_as_one_process_d
 ):
     """Two workers, stopped inside epoch 1 and resumed to the end of epoch 2, give the weights of
     one process training the 2 epochs straight; the batches were collated in the workers."""
-    common = (*SAMPLED, "trainer.accumulate=2", "trainer.max_epochs=2", "trainer.eval_every=3")
+    common = (*SAMPLED, "trainer.accumulate=2", "trainer.max_epochs=2")  # no evaluation but the stop's
     straight = make_trainer(multi30k_slice, compose_config, tmp_path / "straight", *common)
     straight.fit(evaluate_last=False)
     straight.close()
     run = tmp_path / "workers"
     first = make_trainer(multi30k_slice, compose_config, run, *common, "trainer.loader_workers=2")
-    assert "max_steps" in first.fit(max_steps=3)  # saves last.pt at step 3, inside epoch 1
+    assert "max_steps" in first.fit(max_steps=3)  # evaluates and saves last.pt at step 3, in epoch 1
     first.close()
     assert multiprocessing.active_children() == []  # the stop ended the workers
     resumed = make_trainer(
