@@ -3,9 +3,9 @@
 One folder per (corpus content, tokenizer options, data options), under
 ``{data.cache_dir}/store/{key}``. The key is a hash of the sources' fingerprints (a file's path,
 size and modification time; a hub data set's path, config, split and field), the languages,
-``train_limit``, ``max_len``, the SentencePiece options and the format version: a run whose key finds a complete store starts
-without reading or encoding any text; a changed file or option gives another key, so another
-store.
+``train_limit``, ``max_len``, the SentencePiece options and the format version: a run whose key
+finds a complete store starts without reading or encoding any text; a changed file or option
+gives another key, so another store.
 
 For every split and side (``src``, ``tgt``) the folder holds::
 
