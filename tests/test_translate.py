@@ -163,8 +163,14 @@ def test_python_api_translates_like_the_command_line(trained_slice_models, pairs
     options = ["--device", "cpu", "--beam", 4, "--nbest", 3, "--batch-size", 4]
     cli = translate("--checkpoint", checkpoint, *options, stdin="\n".join(sources) + "\n")
     assert cli.returncode == 0, cli.stderr
-    expected = [f"{i} ||| {h.text} ||| {h.score:.4f}" for i, r in enumerate(results) for h in r.nbest]
-    assert cli.stdout.splitlines() == expected
+    expected = [(str(i), h.text, h.score) for i, r in enumerate(results) for h in r.nbest]
+    printed = [line.split(" ||| ") for line in cli.stdout.splitlines()]
+    assert [(i, text) for i, text, _ in printed] == [(i, text) for i, text, _ in expected]
+    # the same scores to the 4 printed decimals, up to the last one: the API decodes with alignments
+    # (attention computed step by step to keep its weights), the command line with the fused kernel,
+    # whose sums may differ in the last bits
+    for (_, _, score), (_, _, value) in zip(printed, expected):
+        assert abs(float(score) - value) < 1.5e-4, (score, value)
     for result in results[:-1]:
         scores = [h.score for h in result.nbest]
         assert len(scores) == 3 and scores == sorted(scores, reverse=True)
