@@ -75,11 +75,11 @@ def test_files_data_takes_paths_from_overrides():
 
 
 def test_the_trainer_follows_the_model():
-    assert compose_config().trainer.lr == 2e-3
+    assert compose_config().trainer.lr == 1.5e-3
     assert compose_config("model=rnn").trainer.lr == 8e-3
     assert compose_config("model=rnn_large").trainer.max_epochs == 30
     # An explicit trainer wins over the model's.
-    assert compose_config("model=rnn", "trainer=transformer").trainer.lr == 2e-3
+    assert compose_config("model=rnn", "trainer=transformer").trainer.lr == 1.5e-3
 
 
 NOT_IN = "Key '{}' not in '{}'"
