@@ -31,8 +31,9 @@ input, formats the output and reports errors.
 import argparse
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence
 
 from data.errors import DataError  # no torch: data/errors.py imports nothing
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, option_problem  # no torch either
@@ -198,19 +199,23 @@ def read_input(args: argparse.Namespace) -> List[str]:
     return decode_lines(raw, f"input file {args.input}")
 
 
-def show_warnings() -> None:
-    """The translator's warnings (over-long inputs) as ``warning: ...`` lines on standard error."""
+@contextmanager
+def show_warnings() -> Iterator[None]:
+    """While inside, the translator's warnings (over-long inputs) are ``warning: ...`` lines on
+    standard error and go nowhere else; the logger is as it was afterwards, so ``main`` leaves no
+    trace in a process that calls it."""
     logger = logging.getLogger("training.translator")
-    for handler in logger.handlers:
-        if handler.name == "translate.py":  # main() ran before in this process
-            handler.setStream(sys.stderr)  # today's standard error
-            return
     handler = logging.StreamHandler(sys.stderr)
-    handler.name = "translate.py"
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
+    propagate = logger.propagate
     logger.addHandler(handler)
     logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
 
 
 def format_lines(index: int, source: str, result: "Translation", nbest: bool, alignments: bool) -> List[str]:
@@ -305,16 +310,18 @@ def run(args: argparse.Namespace) -> None:
     out = OutputFile(args.output)
     try:
         translator = load_translator(args)
-        show_warnings()
-        if not args.sentences and not args.input and sys.stdin.isatty():
-            interactive(translator, out, args)
-        else:
-            lines = read_input(args)
-            results = translator.translate(lines, **translate_options(args))
-            for index, (line, result) in enumerate(zip(lines, results)):
-                out.write_lines(format_lines(index, line, result, args.nbest is not None, args.alignments))
-            if args.plot:
-                write_plots(Path(args.plot), results)
+        with show_warnings():
+            if not args.sentences and not args.input and sys.stdin.isatty():
+                interactive(translator, out, args)
+            else:
+                lines = read_input(args)
+                results = translator.translate(lines, **translate_options(args))
+                for index, (line, result) in enumerate(zip(lines, results)):
+                    out.write_lines(
+                        format_lines(index, line, result, args.nbest is not None, args.alignments)
+                    )
+                if args.plot:
+                    write_plots(Path(args.plot), results)
         out.commit()
     finally:
         out.discard()

@@ -181,17 +181,8 @@ def test_python_api_translates_like_the_command_line(trained_slice_models, pairs
     greedy = translator.translate(sources[:2], beam=1)
     assert all(r.alignment is None and len(r.nbest) == 1 for r in greedy)
     assert [r.text for r in greedy] == [normalize(pairs[i][1]) for i in range(2)]  # memorised pairs
-    # translate() above ran translate.py's main in this process, which stops the translator's logger
-    # from propagating (its warnings go to standard error): capture at the logger itself
-    logger = logging.getLogger("training.translator")
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.WARNING, logger="training.translator"):
-            translator.translate(
-                ["", " ".join([pairs[0][0]] * 150)], beam=1, max_len_ratio=0, max_len_extra=2
-            )
-    finally:
-        logger.removeHandler(caplog.handler)
+    with caplog.at_level(logging.WARNING, logger="training.translator"):
+        translator.translate(["", " ".join([pairs[0][0]] * 150)], beam=1, max_len_ratio=0, max_len_extra=2)
     assert "line 2: " in caplog.text and "translating the first 1023" in caplog.text
     with pytest.raises(TypeError, match="list of sentences"):
         translator.translate("Ein Mann.")
