@@ -4,13 +4,22 @@
 streams through in bounded memory. Each worker holds its own copy of the SentencePiece model(s);
 ids come back as ``TokenArrays`` (flat arrays, cheap to send between processes), the same ids as
 ``Tokenizer.encode_src`` / ``encode_tgt`` give serially.
+
+Each worker has two pipes of its own (chunks down, ids up) that no other process holds, so a
+worker that dies (killed for memory, say) always shows: reading its ids ends in end-of-file and
+sending it a chunk in a broken pipe, even when it died halfway through a message. (A pool that
+shares one queue among its workers, as ``concurrent.futures.ProcessPoolExecutor`` does, can wait
+forever on a message its dead worker never finished.)
 """
 
 import multiprocessing
 import os
+import queue
+import signal
+import threading
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -22,8 +31,7 @@ from data.tokenizer import Tokenizer
 Chunk = List[Tuple[str, str]]  # (source, target) pairs
 IN_FLIGHT = 2  # chunks per worker waiting or being encoded
 MAX_WORKERS = 16  # more gain little (the reading and writing is one process) and cost a model each
-
-_worker_tokenizer: Optional[Tokenizer] = None  # each worker's own, set by init_worker
+DIED = "a worker encoding the training text died (out of memory, or it could not start): free memory and run again"
 
 
 def usable_cores() -> int:
@@ -43,50 +51,138 @@ def encode_pairs(tokenizer: Tokenizer, pairs: Sequence[Tuple[str, str]]) -> Tupl
     return TokenArrays.from_lists(src), TokenArrays.from_lists(tgt)
 
 
-def init_worker(state: Dict[str, Optional[bytes]]) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = Tokenizer.from_state_dict(state)
+@dataclass
+class Worker:
+    """The parent's side of one encoding process: chunks go down ``tasks``, ids come up ``results``."""
 
-
-def encode_in_worker(pairs: Chunk) -> Tuple[TokenArrays, TokenArrays]:
-    return encode_pairs(_worker_tokenizer, pairs)
-
-
-def pool_context() -> multiprocessing.context.BaseContext:
-    """Fork where there is fork (quick to start, nothing to re-import; as torch's DataLoader
-    workers: the children run SentencePiece and NumPy only, never torch), else spawn."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    process: multiprocessing.process.BaseProcess
+    tasks: Connection
+    results: Connection
 
 
 def encode_chunks(
     chunks: Iterable[Chunk], tokenizer: Tokenizer, workers: int
 ) -> Iterator[Tuple[Chunk, TokenArrays, TokenArrays]]:
     """``(chunk, source ids, target ids)`` for every chunk, in input order, encoded by ``workers``
-    processes (1: in this process)."""
+    processes (1: in this process). Chunk ``i`` goes to worker ``i % workers``. A worker that dies
+    or fails is one ``DataError``; the workers end with the iterator, also when it is closed early."""
     if workers <= 1:
         for chunk in chunks:
             yield (chunk, *encode_pairs(tokenizer, chunk))
         return
-    pool = ProcessPoolExecutor(
-        workers, mp_context=pool_context(), initializer=init_worker, initargs=(tokenizer.state_dict(),)
-    )
+    pool = start_workers(workers, tokenizer.state_dict())
+    finished = False
     try:
-        pending: deque = deque()
-        for chunk in chunks:
-            pending.append((chunk, pool.submit(encode_in_worker, chunk)))
-            if len(pending) >= IN_FLIGHT * workers:
-                done, future = pending.popleft()
-                yield (done, *future.result())
+        pending: deque = deque()  # (chunk, worker) in input order
+        for index, chunk in enumerate(chunks):
+            if len(pending) == IN_FLIGHT * workers:  # the oldest is on the worker chunk `index` goes to
+                yield receive(*pending.popleft())
+            worker = pool[index % workers]
+            send(worker, chunk)
+            pending.append((chunk, worker))
         while pending:
-            done, future = pending.popleft()
-            yield (done, *future.result())
-    except BrokenProcessPool:  # a worker was killed (say, out of memory): fail instead of waiting
-        raise DataError(
-            "a worker encoding the training text died (out of memory, or it could not start): free memory and run again"
-        ) from None
+            yield receive(*pending.popleft())
+        finished = True
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # also when the caller stops early
+        stop_workers(pool, finished)
+
+
+def send(worker: Worker, chunk: Chunk) -> None:
+    try:
+        worker.tasks.send(chunk)
+    except OSError:  # a broken pipe: the worker is gone
+        raise DataError(DIED) from None
+
+
+def receive(chunk: Chunk, worker: Worker) -> Tuple[Chunk, TokenArrays, TokenArrays]:
+    try:
+        ok, answer = worker.results.recv()
+    except (EOFError, OSError):  # the worker is gone, perhaps halfway through sending
+        raise DataError(DIED) from None
+    if not ok:
+        raise DataError(f"encoding the training text failed in a worker: {answer}")
+    return (chunk, *answer)
+
+
+def start_workers(n: int, state: Dict[str, Optional[bytes]]) -> List[Worker]:
+    """``n`` started workers, each with its own pair of pipes. Forked where there is fork (quick
+    to start, nothing to re-import: the children run SentencePiece and NumPy only, never torch),
+    else spawned."""
+    fork = "fork" in multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if fork else "spawn")
+    pool: List[Worker] = []
+    for _ in range(n):
+        task_reader, task_writer = context.Pipe(duplex=False)
+        result_reader, result_writer = context.Pipe(duplex=False)
+        copied = [end for worker in pool for end in (worker.tasks, worker.results)] + [
+            task_writer,
+            result_reader,
+        ]
+        args = (state, task_reader, result_writer, copied if fork else [])
+        process = context.Process(target=run_worker, args=args, name="encoder", daemon=True)
+        process.start()
+        task_reader.close()  # the worker's ends are the worker's alone
+        result_writer.close()
+        pool.append(Worker(process, task_writer, result_reader))
+    return pool
+
+
+def stop_workers(pool: List[Worker], finished: bool) -> None:
+    """End the workers and wait for them: a finished pool's workers exit when their chunks end;
+    after an error or an early stop they are terminated (no one reads what they have left)."""
+    for worker in pool:
+        worker.tasks.close()
+    for worker in pool:
+        if not finished:
+            worker.process.terminate()
+        worker.process.join()
+        worker.results.close()
+
+
+def run_worker(
+    state: Dict[str, Optional[bytes]], tasks: Connection, results: Connection, parent_ends: List[Connection]
+) -> None:
+    """A worker's life: encode every chunk read from ``tasks`` and send the ids up ``results``,
+    until the parent closes ``tasks``. ``parent_ends``: the parent's ends of this worker's pipes
+    and of the workers forked before it, which the fork copied; closed here, so that each pipe
+    ends with its two processes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it ends the workers)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a training's inherited handler: terminate() ends it
+    for end in parent_ends:
+        end.close()
+    tokenizer = Tokenizer.from_state_dict(state)
+    outbox: queue.SimpleQueue = queue.SimpleQueue()
+    sender = threading.Thread(target=send_all, args=(outbox, results))
+    sender.start()
+    try:
+        while True:
+            try:
+                chunk = tasks.recv()
+            except EOFError:  # the parent has sent everything
+                break
+            outbox.put(encoded_or_error(tokenizer, chunk))
+    finally:
+        outbox.put(None)
+        sender.join()
+
+
+def send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
+    """Send ``outbox``'s answers up ``results`` until ``None``. A thread of its own, so that the
+    worker goes back to reading chunks while an answer waits to be read: the parent and the worker
+    never both wait to send."""
+    try:
+        for answer in iter(outbox.get, None):
+            results.send(answer)
+    except OSError:  # a broken pipe: the parent stopped early
+        pass
+
+
+def encoded_or_error(tokenizer: Tokenizer, chunk: Chunk) -> Tuple[bool, object]:
+    """``(True, (source ids, target ids))``, or ``(False, the error)`` when encoding fails."""
+    try:
+        return True, encode_pairs(tokenizer, chunk)
+    except Exception as error:  # sent to the parent, which raises it as a DataError
+        return False, f"{type(error).__name__}: {error}"
 
 
 def chunked(pairs: Iterable[Tuple[str, str]], size: int) -> Iterator[Chunk]:

@@ -1,7 +1,7 @@
 """Test helpers shared by several test files (plain functions and constants, not fixtures):
 composing the config, the tiny runs' overrides, TensorBoard scalars, slices of Multi30k, the
-scripts and entry points loaded as modules, translate.py's main run in this process, and finished
-run folders written in train.py's format.
+scripts and entry points loaded as modules, translate.py's main run in this process, a deadline
+that turns a hang into a failure, and finished run folders written in train.py's format.
 
 A run folder as ``train.py`` leaves it (``training/finish.py``: ``results_of``;
 ``training/run.py``: ``decode_tests``; ``training/trainer.py``: the ``valid/*`` scalars of each
@@ -18,6 +18,7 @@ import functools
 import importlib.util
 import io
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -254,3 +255,24 @@ def assert_one_error_line(done: subprocess.CompletedProcess, expected: str) -> N
     assert "Traceback" not in done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], done.stderr
+
+
+class Hung(Exception):
+    """A test's deadline passed."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: int, what: str):
+    """Fail with ``Hung`` if the block runs past ``seconds`` instead of hanging the suite (SIGALRM
+    interrupts a wait on a pipe or a lock in this process's main thread)."""
+
+    def expire(signum, frame):
+        raise Hung(f"{what}: still waiting after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

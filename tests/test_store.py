@@ -22,7 +22,7 @@ from data.pipeline import TrainText, prepare_data
 from data.store import MANIFEST
 from data.tokenizer import normalize
 
-from helpers import read_all, write_slice
+from helpers import deadline, read_all, write_slice
 
 
 @pytest.fixture
@@ -166,16 +166,35 @@ def test_parallel_encoding_gives_the_serial_ids(corpus, tmp_path):
 
 
 def test_a_killed_encoding_worker_fails_the_build_instead_of_hanging(corpus, tmp_path):
+    """Killed at whatever point it has reached (reading a chunk, encoding, halfway through sending
+    its ids): the build fails at once and leaves no process behind."""
     tokenizer = prepare_data(config(corpus, tmp_path / "cache")).tokenizer
     pairs = list(TrainText(folder_splits(corpus, "de", "en")["train"], None))
-    stream = encode_chunks(chunked(pairs * 20, 500), tokenizer, workers=2)
-    next(stream)
-    workers = multiprocessing.active_children()
-    assert len(workers) == 2
-    os.kill(workers[0].pid, signal.SIGKILL)
-    with pytest.raises(DataError, match="a worker encoding the training text died"):
-        for _ in stream:
-            pass
+    for victim in (0, 1):
+        with deadline(60, "encoding with a killed worker"):
+            stream = encode_chunks(chunked(pairs * 20, 500), tokenizer, workers=2)
+            next(stream)
+            workers = multiprocessing.active_children()
+            assert len(workers) == 2
+            os.kill(workers[victim].pid, signal.SIGKILL)
+            with pytest.raises(DataError, match="a worker encoding the training text died"):
+                for _ in stream:
+                    pass
+        assert multiprocessing.active_children() == []
+
+
+def test_an_encoding_error_in_a_worker_is_one_error_and_an_early_stop_ends_the_workers(corpus, tmp_path):
+    tokenizer = prepare_data(config(corpus, tmp_path / "cache")).tokenizer
+    with deadline(60, "encoding a chunk that fails"):
+        stream = encode_chunks([[("ein Hund", "a dog")], [(None, "no source")]], tokenizer, workers=2)
+        next(stream)
+        with pytest.raises(DataError, match="encoding the training text failed in a worker: TypeError"):
+            next(stream)
+    assert multiprocessing.active_children() == []
+    with deadline(60, "closing the encoding early"):
+        stream = encode_chunks(chunked([("ein Hund", "a dog")] * 100, 10), tokenizer, workers=2)
+        next(stream)
+        stream.close()
     assert multiprocessing.active_children() == []
 
 
