@@ -31,6 +31,7 @@ from data.tokenizer import Tokenizer
 Chunk = List[Tuple[str, str]]  # (source, target) pairs
 IN_FLIGHT = 2  # chunks per worker waiting or being encoded
 MAX_WORKERS = 16  # more gain little (the reading and writing is one process) and cost a model each
+EXIT_SECONDS = 10  # for a finished worker to exit before it is terminated
 DIED = "a worker encoding the training text died (out of memory, or it could not start): free memory and run again"
 
 
@@ -76,25 +77,28 @@ def encode_chunks(
         pending: deque = deque()  # (chunk, worker) in input order
         for index, chunk in enumerate(chunks):
             if len(pending) == IN_FLIGHT * workers:  # the oldest is on the worker chunk `index` goes to
-                yield receive(*pending.popleft())
+                yield receive_ids(*pending.popleft())
             worker = pool[index % workers]
-            send(worker, chunk)
+            send_chunk(worker, chunk)
             pending.append((chunk, worker))
         while pending:
-            yield receive(*pending.popleft())
+            yield receive_ids(*pending.popleft())
         finished = True
     finally:
         stop_workers(pool, finished)
 
 
-def send(worker: Worker, chunk: Chunk) -> None:
+def send_chunk(worker: Worker, chunk: Chunk) -> None:
+    """Hand ``chunk`` to ``worker`` (waits while its pipe is full); a dead worker is a ``DataError``."""
     try:
         worker.tasks.send(chunk)
     except OSError:  # a broken pipe: the worker is gone
         raise DataError(DIED) from None
 
 
-def receive(chunk: Chunk, worker: Worker) -> Tuple[Chunk, TokenArrays, TokenArrays]:
+def receive_ids(chunk: Chunk, worker: Worker) -> Tuple[Chunk, TokenArrays, TokenArrays]:
+    """``(chunk, source ids, target ids)`` from ``worker``, the next chunk it was handed; a dead
+    or failed worker is a ``DataError``."""
     try:
         ok, answer = worker.results.recv()
     except (EOFError, OSError):  # the worker is gone, perhaps halfway through sending
@@ -111,31 +115,43 @@ def start_workers(n: int, state: Dict[str, Optional[bytes]]) -> List[Worker]:
     fork = "fork" in multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("fork" if fork else "spawn")
     pool: List[Worker] = []
-    for _ in range(n):
-        task_reader, task_writer = context.Pipe(duplex=False)
-        result_reader, result_writer = context.Pipe(duplex=False)
-        copied = [end for worker in pool for end in (worker.tasks, worker.results)] + [
-            task_writer,
-            result_reader,
-        ]
-        args = (state, task_reader, result_writer, copied if fork else [])
-        process = context.Process(target=run_worker, args=args, name="encoder", daemon=True)
-        process.start()
-        task_reader.close()  # the worker's ends are the worker's alone
-        result_writer.close()
-        pool.append(Worker(process, task_writer, result_reader))
+    try:
+        for _ in range(n):
+            task_reader, task_writer = context.Pipe(duplex=False)
+            result_reader, result_writer = context.Pipe(duplex=False)
+            copied = [end for worker in pool for end in (worker.tasks, worker.results)]
+            copied += [task_writer, result_reader]  # what a forked worker must close (the parent's ends)
+            args = (state, task_reader, result_writer, copied if fork else [])
+            process = context.Process(target=run_worker, args=args, name="encoder", daemon=True)
+            process.start()
+            task_reader.close()  # the worker's ends are the worker's alone
+            result_writer.close()
+            pool.append(Worker(process, task_writer, result_reader))
+    except OSError as error:  # fork failed: no memory or no processes left
+        stop_workers(pool, finished=False)
+        raise DataError(
+            f"cannot start the workers encoding the training text ({error}): free memory and run again"
+        ) from None
+    except BaseException:  # no process left behind by a start cut short (Ctrl-C, say)
+        stop_workers(pool, finished=False)
+        raise
     return pool
 
 
 def stop_workers(pool: List[Worker], finished: bool) -> None:
-    """End the workers and wait for them: a finished pool's workers exit when their chunks end;
-    after an error or an early stop they are terminated (no one reads what they have left)."""
+    """End the workers and wait for them: a finished pool's workers exit when their chunks end
+    (or are terminated after ``EXIT_SECONDS``); after an error or an early stop they are terminated
+    at once (no one reads what they have left)."""
     for worker in pool:
         worker.tasks.close()
-    for worker in pool:
         if not finished:
             worker.process.terminate()
-        worker.process.join()
+    for worker in pool:
+        worker.process.join(EXIT_SECONDS)
+        if worker.process.is_alive():  # its chunks never ended: a later fork holds a copy of the pipe
+            worker.process.terminate()
+            worker.process.join()
+        worker.process.close()
         worker.results.close()
 
 
@@ -169,12 +185,15 @@ def run_worker(
 def send_all(outbox: queue.SimpleQueue, results: Connection) -> None:
     """Send ``outbox``'s answers up ``results`` until ``None``. A thread of its own, so that the
     worker goes back to reading chunks while an answer waits to be read: the parent and the worker
-    never both wait to send."""
+    never both wait to send. The pipe is closed when the thread ends, however it ends: the parent
+    then reads an end-of-file instead of waiting for answers that will not come."""
     try:
         for answer in iter(outbox.get, None):
             results.send(answer)
     except OSError:  # a broken pipe: the parent stopped early
         pass
+    finally:
+        results.close()
 
 
 def encoded_or_error(tokenizer: Tokenizer, chunk: Chunk) -> Tuple[bool, object]:

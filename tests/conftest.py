@@ -7,7 +7,17 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import LEARNING_FAMILIES, LEARNING_PAIRS, ROOT, compose, write_slice
+from helpers import LEARNING_FAMILIES, LEARNING_PAIRS, ROOT, compose, deadline, write_slice
+
+TEST_SECONDS = 600  # far above the slowest test: a test that hangs fails, not the CI's whole budget
+
+
+@pytest.fixture(autouse=True)
+def no_test_hangs(request):
+    """Every test fails with ``Hung`` after ``TEST_SECONDS`` (pytest.ini's faulthandler_timeout
+    prints every thread's stack before that)."""
+    with deadline(TEST_SECONDS, request.node.nodeid):
+        yield
 
 
 @pytest.fixture

@@ -257,22 +257,29 @@ def assert_one_error_line(done: subprocess.CompletedProcess, expected: str) -> N
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], done.stderr
 
 
-class Hung(Exception):
-    """A test's deadline passed."""
+class Hung(BaseException):
+    """A test's deadline passed (not an ``Exception``: the project's handlers of errors must not
+    turn it into one of theirs)."""
 
 
 @contextlib.contextmanager
 def deadline(seconds: int, what: str):
     """Fail with ``Hung`` if the block runs past ``seconds`` instead of hanging the suite (SIGALRM
-    interrupts a wait on a pipe or a lock in this process's main thread)."""
+    interrupts a wait on a pipe, a process or a lock in this process's main thread). Nested in
+    another deadline, it keeps the outer one's time."""
 
     def expire(signum, frame):
-        raise Hung(f"{what}: still waiting after {seconds} s")
+        raise Hung(f"{what}: still running after {seconds} s")
 
+    start = time.monotonic()
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
+    outer = signal.alarm(seconds)  # the seconds left to an enclosing deadline, 0 if none
+    if outer and outer < seconds:
+        signal.alarm(outer)
     try:
         yield
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.alarm(max(1, outer - int(time.monotonic() - start)))

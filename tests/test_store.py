@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -171,8 +172,10 @@ def test_a_killed_encoding_worker_fails_the_build_instead_of_hanging(corpus, tmp
     tokenizer = prepare_data(config(corpus, tmp_path / "cache")).tokenizer
     pairs = list(TrainText(folder_splits(corpus, "de", "en")["train"], None))
     for victim in (0, 1):
-        with deadline(60, "encoding with a killed worker"):
-            stream = encode_chunks(chunked(pairs * 20, 500), tokenizer, workers=2)
+        with (
+            deadline(60, "encoding with a killed worker"),
+            closing(encode_chunks(chunked(pairs * 20, 500), tokenizer, workers=2)) as stream,
+        ):
             next(stream)
             workers = multiprocessing.active_children()
             assert len(workers) == 2
@@ -185,8 +188,11 @@ def test_a_killed_encoding_worker_fails_the_build_instead_of_hanging(corpus, tmp
 
 def test_an_encoding_error_in_a_worker_is_one_error_and_an_early_stop_ends_the_workers(corpus, tmp_path):
     tokenizer = prepare_data(config(corpus, tmp_path / "cache")).tokenizer
-    with deadline(60, "encoding a chunk that fails"):
-        stream = encode_chunks([[("ein Hund", "a dog")], [(None, "no source")]], tokenizer, workers=2)
+    failing = [[("ein Hund", "a dog")], [(None, "no source")]]
+    with (
+        deadline(60, "encoding a chunk that fails"),
+        closing(encode_chunks(failing, tokenizer, workers=2)) as stream,
+    ):
         next(stream)
         with pytest.raises(DataError, match="encoding the training text failed in a worker: TypeError"):
             next(stream)
