@@ -306,6 +306,16 @@ def interactive(translator: "Translator", out: OutputFile, args: argparse.Namesp
         index += 1
 
 
+def translate_all(translator: "Translator", out: OutputFile, args: argparse.Namespace) -> None:
+    """Every input line (the arguments, the input file or piped standard input) into ``out``."""
+    lines = read_input(args)
+    results = translator.translate(lines, **translate_options(args))
+    for index, (line, result) in enumerate(zip(lines, results)):
+        out.write_lines(format_lines(index, line, result, args.nbest is not None, args.alignments))
+    if args.plot:
+        write_plots(Path(args.plot), results)
+
+
 def run(args: argparse.Namespace) -> None:
     out = OutputFile(args.output)
     try:
@@ -314,14 +324,7 @@ def run(args: argparse.Namespace) -> None:
             if not args.sentences and not args.input and sys.stdin.isatty():
                 interactive(translator, out, args)
             else:
-                lines = read_input(args)
-                results = translator.translate(lines, **translate_options(args))
-                for index, (line, result) in enumerate(zip(lines, results)):
-                    out.write_lines(
-                        format_lines(index, line, result, args.nbest is not None, args.alignments)
-                    )
-                if args.plot:
-                    write_plots(Path(args.plot), results)
+                translate_all(translator, out, args)
         out.commit()
     finally:
         out.discard()
