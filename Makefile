@@ -4,6 +4,7 @@
 #   make test PYTHON=python3.12        build .venv from another interpreter
 #   make test PYTEST_ARGS='-k masks'   pass options to pytest
 #   make test-fast                     the suite without the tests marked slow
+#   make test-kernels                  the suite under other CPU kernel sets (AVX2, generic, one thread)
 #   make lint                          ruff check and ruff format --check (CI runs it before the tests)
 #   make format                        ruff format and the safe ruff fixes, in place
 #   make train                         build/refresh .venv, then train the default experiment
@@ -21,7 +22,7 @@ ARGS ?=
 PYTHON_EXPLICIT := $(if $(filter command line environment,$(origin PYTHON)),1,0)
 VPY := $(VENV)/bin/python
 
-.PHONY: venv train test test-fast lint format bench-attention bench-translate bench-train compare clean-venv
+.PHONY: venv train test test-fast test-kernels lint format bench-attention bench-translate bench-train compare clean-venv
 
 venv:
 	@PYTHON="$(PYTHON)" VENV="$(VENV)" PYTHON_EXPLICIT=$(PYTHON_EXPLICIT) bash scripts/make_venv.sh
@@ -34,6 +35,9 @@ test: venv
 
 test-fast: venv
 	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-kernels: venv
+	VPY=$(VPY) bash scripts/test_kernels.sh $(PYTEST_ARGS)
 
 lint: venv
 	$(VPY) -m ruff check .

@@ -63,7 +63,7 @@ def agree_on_run_dir(cfg: DictConfig, out_dir: Path) -> Path:
         root.setLevel(logging.WARNING)
         for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
             root.removeHandler(handler)
-    device = pick_device(cfg.device, world.local_rank)
+    device = pick_device(cfg.device, world.local_rank, world.local_world_size)
     distributed.init(world, device)
     return Path(distributed.broadcast(str(out_dir), device))
 

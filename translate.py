@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--batch-size", type=int, default=64, help="sentences decoded together")
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    add(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="precision of the torch engine: auto decodes as the run was trained and tested (bf16 on CUDA "
+        "when its trainer.amp, as its results.json); bfloat16 needs CUDA",
+    )
     add("--threads", type=int, default=0, help="CPU threads (0: torch's or the engine's default)")
     add(
         "--max-len-ratio",
@@ -134,6 +141,10 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("give sentences as arguments or --input FILE, not both")
     if args.threads < 0:
         raise UsageError(f"--threads {args.threads}: must be 0 (the default) or more")
+    if args.engine == "ctranslate2" and args.dtype != "auto":
+        raise UsageError(
+            "--dtype is for the torch engine: a CTranslate2 export runs the type it was exported in"
+        )
     check_model_path(Path(args.checkpoint), args.engine)
     if args.input and not Path(args.input).is_file():
         raise UsageError(f"input file {args.input} does not exist")
@@ -168,7 +179,7 @@ def load_translator(args: argparse.Namespace) -> "Translator":
 
     if args.threads:
         set_threads(pick_device(args.device), args.threads)
-    return Translator.from_checkpoint(args.checkpoint, args.device)
+    return Translator.from_checkpoint(args.checkpoint, args.device, args.dtype)
 
 
 def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
@@ -199,23 +210,29 @@ def read_input(args: argparse.Namespace) -> List[str]:
     return decode_lines(raw, f"input file {args.input}")
 
 
+# the loggers whose warnings a user of translate.py sees: over-long inputs, a device fallen back to the CPU
+WARNING_LOGGERS = ("training.translator", "training.device", "deploy.ctranslate2_engine")
+
+
 @contextmanager
 def show_warnings() -> Iterator[None]:
-    """While inside, the translator's warnings (over-long inputs) are ``warning: ...`` lines on
-    standard error and go nowhere else; the logger is as it was afterwards, so ``main`` leaves no
-    trace in a process that calls it."""
-    logger = logging.getLogger("training.translator")
+    """While inside, the warnings of ``WARNING_LOGGERS`` are ``warning: ...`` lines on standard
+    error and go nowhere else; the loggers are as they were afterwards, so ``main`` leaves no trace
+    in a process that calls it."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.WARNING)
     handler.setFormatter(logging.Formatter("warning: %(message)s"))
-    propagate = logger.propagate
-    logger.addHandler(handler)
-    logger.propagate = False
+    loggers = [logging.getLogger(name) for name in WARNING_LOGGERS]
+    propagate = [logger.propagate for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.propagate = False
     try:
         yield
     finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
+        for logger, before in zip(loggers, propagate):
+            logger.removeHandler(handler)
+            logger.propagate = before
 
 
 def format_lines(index: int, source: str, result: "Translation", nbest: bool, alignments: bool) -> List[str]:
@@ -319,8 +336,8 @@ def translate_all(translator: "Translator", out: OutputFile, args: argparse.Name
 def run(args: argparse.Namespace) -> None:
     out = OutputFile(args.output)
     try:
-        translator = load_translator(args)
         with show_warnings():
+            translator = load_translator(args)
             if not args.sentences and not args.input and sys.stdin.isatty():
                 interactive(translator, out, args)
             else:

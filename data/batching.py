@@ -71,8 +71,15 @@ class Batch:
     indices: Tensor  # (B,) each pair's position in its split: restores the input order
 
     def to(self, device: torch.device) -> "Batch":
+        """The batch on ``device``. A copy to CUDA goes through pinned memory, so that it does not
+        wait for the GPU's queue (a copy from pageable memory would: a host sync per batch)."""
+        device = torch.device(device)
+        pin = device.type == "cuda"
         return Batch(
-            *(getattr(self, name).to(device, non_blocking=True) for name in self.__dataclass_fields__)
+            *(
+                (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=True)
+                for t in (getattr(self, name) for name in self.__dataclass_fields__)
+            )
         )
 
     @property

@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -62,16 +63,17 @@ class Worker:
 
 
 def encode_chunks(
-    chunks: Iterable[Chunk], tokenizer: Tokenizer, workers: int
+    chunks: Iterable[Chunk], tokenizer: Tokenizer, workers: int, method: Optional[str] = None
 ) -> Iterator[Tuple[Chunk, TokenArrays, TokenArrays]]:
     """``(chunk, source ids, target ids)`` for every chunk, in input order, encoded by ``workers``
-    processes (1: in this process). Chunk ``i`` goes to worker ``i % workers``. A worker that dies
-    or fails is one ``DataError``; the workers end with the iterator, also when it is closed early."""
+    processes (1: in this process) started by ``method`` (None: ``start_method``). Chunk ``i`` goes
+    to worker ``i % workers``. A worker that dies or fails is one ``DataError``; the workers end with
+    the iterator, also when it is closed early."""
     if workers <= 1:
         for chunk in chunks:
             yield (chunk, *encode_pairs(tokenizer, chunk))
         return
-    pool = start_workers(workers, tokenizer.state_dict())
+    pool = start_workers(workers, tokenizer.state_dict(), method)
     finished = False
     try:
         pending: deque = deque()  # (chunk, worker) in input order
@@ -108,12 +110,26 @@ def receive_ids(chunk: Chunk, worker: Worker) -> Tuple[Chunk, TokenArrays, Token
     return (chunk, *answer)
 
 
-def start_workers(n: int, state: Dict[str, Optional[bytes]]) -> List[Worker]:
-    """``n`` started workers, each with its own pair of pipes. Forked where there is fork (quick
-    to start, nothing to re-import: the children run SentencePiece and NumPy only, never torch),
-    else spawned."""
-    fork = "fork" in multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("fork" if fork else "spawn")
+def cuda_initialised() -> bool:
+    """Whether this process has started CUDA (through torch, if torch is loaded at all)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def start_method(available: Sequence[str], cuda_started: bool) -> str:
+    """Fork where there is fork (quick to start, nothing to re-import: the children run
+    SentencePiece and NumPy only, never torch); spawn elsewhere, and in a process that has started
+    CUDA or NCCL (a training on a GPU): a fork copies their state, whose threads and handles the
+    child does not have."""
+    return "fork" if "fork" in available and not cuda_started else "spawn"
+
+
+def start_workers(n: int, state: Dict[str, Optional[bytes]], method: Optional[str] = None) -> List[Worker]:
+    """``n`` started workers, each with its own pair of pipes, started by ``method`` (None:
+    ``start_method`` of this process)."""
+    method = method or start_method(multiprocessing.get_all_start_methods(), cuda_initialised())
+    fork = method == "fork"
+    context = multiprocessing.get_context(method)
     pool: List[Worker] = []
     try:
         for _ in range(n):

@@ -52,7 +52,11 @@ def collated(batches: Sequence[np.ndarray], collate: Collate, workers: int) -> I
     """``collate(b)`` for every ``b`` of ``batches``, in order: here when ``workers`` is 0, else by
     ``workers`` processes (forked: nothing is pickled) that each keep ``PREFETCH`` batches ready.
     Close the iterator when stopping early: that ends the workers. A worker that fails or dies is
-    one ``DataError``."""
+    one ``DataError``.
+
+    The workers are forked after a GPU training has started CUDA (and NCCL), so they never touch
+    either: they build CPU tensors, which the training process pins and copies (``Batch.to``);
+    torch refuses CUDA in a forked child outright, an error rather than a hang."""
     if workers == 0:
         yield from map(collate, batches)
         return

@@ -26,6 +26,8 @@ alignments are the Translator's, as for a checkpoint. Kept as in our own search:
   the first row of beam hypotheses is mended (``CTranslate2Engine.mend_first_attention``).
 """
 
+import ctypes
+import logging
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple, Union
 
@@ -38,8 +40,14 @@ from models.search import Hypothesis, length_penalty
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, output_limit
 from training.translator import Translator
 
+log = logging.getLogger(__name__)
+
 NEVER_OUTPUT = [["<pad>"], ["<s>"]]  # as models.search never picks PAD or BOS
 EOS_PIECE = "</s>"
+# The CUDA libraries the pinned CTranslate2 (4.8.5) loads when it first runs on a GPU: its wheel
+# is built against CUDA 12 and loads cuBLAS 12 at run time, so a machine with only CUDA 13 sees
+# the GPU (``get_cuda_device_count``) but cannot run on it.
+CUDA_LIBRARIES = ("libcublas.so.12",)
 
 
 def ended(pieces: List[str]) -> bool:
@@ -53,17 +61,48 @@ def ran_past(pieces: List[str], limit: int) -> bool:
     return len(pieces) - int(ended(pieces)) >= limit
 
 
-def engine_device(device: str) -> Tuple[str, int]:
-    """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> the engine's device name and index."""
-    gpus = ctranslate2.get_cuda_device_count()
+def missing_cuda_libraries(names: Sequence[str] = CUDA_LIBRARIES) -> List[str]:
+    """The libraries of ``names`` that the dynamic loader cannot load in this process."""
+    missing = []
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            missing.append(name)
+    return missing
+
+
+def choose_device(device: str, gpus: int, missing: Sequence[str]) -> Tuple[str, int]:
+    """``auto`` / ``cpu`` / ``cuda`` / ``cuda:N`` -> the engine's device name and index, given the
+    CUDA devices it sees (``gpus``) and the CUDA libraries it needs that do not load (``missing``).
+    ``auto`` takes the GPU only where the engine can run on it, else the CPU with a warning; an
+    explicit ``cuda`` without them is a ``ValueError`` naming what is missing."""
     if device == "auto":
-        return ("cuda" if gpus > 0 else "cpu"), 0
+        if gpus > 0 and missing:
+            log.warning(
+                "CTranslate2 sees %d CUDA device(s) but cannot load %s (it needs CUDA 12's libraries): "
+                "translating on the CPU",
+                gpus,
+                ", ".join(missing),
+            )
+        return ("cuda" if gpus > 0 and not missing else "cpu"), 0
     kind, _, index = device.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()):
         raise ValueError(f"device {device!r}: choose auto, cpu, cuda or cuda:N")
     if kind == "cuda" and int(index or 0) >= gpus:
         raise ValueError(f"device {device!r}: CTranslate2 sees {gpus} CUDA device(s) here; use --device cpu")
+    if kind == "cuda" and missing:
+        raise ValueError(
+            f"device {device!r}: CTranslate2 {ctranslate2.__version__} cannot load {', '.join(missing)} "
+            "(CUDA 12's cuBLAS) here: install it (pip install nvidia-cublas-cu12) or use --device cpu"
+        )
     return kind, int(index or 0)
+
+
+def engine_device(device: str) -> Tuple[str, int]:
+    """``choose_device`` for this machine: its CUDA devices and libraries as CTranslate2 sees them."""
+    gpus = ctranslate2.get_cuda_device_count()
+    return choose_device(device, gpus, missing_cuda_libraries() if gpus > 0 else [])
 
 
 def export_tokenizer(folder: Path, info: Dict[str, Any]) -> Tokenizer:
@@ -92,10 +131,10 @@ class CTranslate2Engine:
             )
         except (RuntimeError, ValueError, OSError) as error:  # a damaged model.bin, config or vocabulary
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise ExportError(
-                f"CTranslate2 cannot load {folder} ({first}): export the checkpoint again"
-            ) from None
+            remedy = "use --device cpu" if kind == "cuda" else "export the checkpoint again"
+            raise ExportError(f"CTranslate2 cannot load {folder} on {kind} ({first}): {remedy}") from None
         self.max_positions = max_positions
+        self.dtype = f"ctranslate2 {getattr(self.translator, 'compute_type', compute_type)}"
         self.src_pieces = tokenizer.src_pieces(range(tokenizer.src_vocab_size))  # id -> piece
         self.tgt_ids = {
             piece: i for i, piece in enumerate(tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))

@@ -20,6 +20,9 @@ are the sizes of additive attention's inputs.
 Masks are boolean, ``True`` = may attend (see ``models/masks.py``). A masked key gets exactly zero
 weight. A query whose keys are *all* masked (a padded query row, or an empty source) gets zero
 weights and a zero output instead of ``softmax([-inf, ..., -inf]) = NaN``, with finite gradients.
+``causal=True`` asks for the lower triangle of ``masks.causal_mask`` without a mask tensor, so that
+the fused path can pass ``is_causal`` to the kernel (CUDA's flash-attention kernel takes no
+``attn_mask``); it is defined only for as many queries as keys (a full pass, no cache).
 
 Weights are returned, never stored on the module, and are the softmax output *before* attention
 dropout (dropout is a training-time perturbation; the returned rows sum to 1).
@@ -31,6 +34,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from models.masks import causal_mask, combine_masks
 
 
 def rows_with_keys(mask: Tensor) -> Tensor:
@@ -65,14 +70,42 @@ def masked_softmax_(scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     return weights
 
 
+def check_causal(n_queries: int, n_keys: int) -> None:
+    """Refuse ``causal=True`` unless there are as many queries as keys.
+
+    ``F.scaled_dot_product_attention(is_causal=True)`` aligns the triangle to the top left, which
+    is right only when query ``t`` is key ``t``: a full pass with an empty cache. With ``t`` cached
+    keys the queries are the last positions (``masks.causal_mask(T, t + T)``, bottom right).
+    """
+    if n_queries != n_keys:
+        raise ValueError(
+            f"causal=True needs as many queries as keys (a full pass, no cache), got {n_queries} "
+            f"queries and {n_keys} keys; pass mask=masks.causal_mask({n_queries}, {n_keys}) instead"
+        )
+
+
+def with_causal(mask: Optional[Tensor], n_queries: int, n_keys: int, device: torch.device) -> Tensor:
+    """``mask`` (or None) intersected with the ``(T, T)`` causal mask, after ``check_causal``."""
+    check_causal(n_queries, n_keys)
+    return combine_masks(causal_mask(n_queries, device=device), mask)  # (T, T) or (..., T, T)
+
+
 def scaled_dot_product_explicit(
-    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    causal: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """``softmax(Q K^T / sqrt(d_k)) V`` written out, returning the weights too.
 
     Shapes: q ``(..., T, d_k)``, k ``(..., S, d_k)``, v ``(..., S, d_v)``, mask broadcastable to
-    ``(..., T, S)``. Returns output ``(..., T, d_v)`` and weights ``(..., T, S)`` (before dropout).
+    ``(..., T, S)``. ``causal`` intersects the mask with ``masks.causal_mask(T)`` (needs ``T == S``).
+    Returns output ``(..., T, d_v)`` and weights ``(..., T, S)`` (before dropout).
     """
+    if causal:
+        mask = with_causal(mask, q.size(-2), k.size(-2), q.device)  # (T, T) or (..., T, T)
     q = q * (1.0 / math.sqrt(q.size(-1)))  # (..., T, d_k) scaling q is cheaper than the scores
     scores = torch.matmul(q, k.transpose(-2, -1))  # (..., T, S)
     weights = masked_softmax_(scores, mask)  # (..., T, S)
@@ -81,14 +114,28 @@ def scaled_dot_product_explicit(
 
 
 def scaled_dot_product_fused(
-    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    causal: bool = False,
 ) -> Tensor:
     """The same attention through PyTorch's fused kernel (no weights; fast, little memory).
 
     ``F.scaled_dot_product_attention`` shares our mask convention (bool, True = attend). Its
     result for a fully masked row depends on the backend (0 on CPU in torch 2.13, NaN on others),
     so such rows are unmasked before the call and zeroed after it, exactly as the explicit path.
+
+    ``causal`` with no mask goes to the kernel as ``is_causal=True`` and no ``attn_mask``, the one
+    form that CUDA's flash-attention kernel accepts; every causal row sees at least its own key, so
+    nothing needs zeroing. ``causal`` with a mask is folded into the mask.
     """
+    if causal and mask is None:
+        check_causal(q.size(-2), k.size(-2))
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (..., T, d_v)
+    if causal:
+        mask = with_causal(mask, q.size(-2), k.size(-2), q.device)  # (..., T, T)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (..., T, d_v)
     has_key = rows_with_keys(mask)  # (..., T, 1)
@@ -104,14 +151,17 @@ def scaled_dot_product_attention(
     mask: Optional[Tensor] = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    causal: bool = False,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: the fused kernel, or the explicit path when weights are needed.
 
-    Returns output ``(..., T, d_v)`` and weights ``(..., T, S)`` or ``None``.
+    ``causal`` hides later keys as ``masks.causal_mask(T)`` would (on top of ``mask``); it needs
+    ``T == S`` and raises ValueError otherwise. Returns output ``(..., T, d_v)`` and weights
+    ``(..., T, S)`` or ``None``.
     """
     if need_weights:
-        return scaled_dot_product_explicit(q, k, v, mask, dropout_p)
-    return scaled_dot_product_fused(q, k, v, mask, dropout_p), None
+        return scaled_dot_product_explicit(q, k, v, mask, dropout_p, causal)
+    return scaled_dot_product_fused(q, k, v, mask, dropout_p, causal), None
 
 
 def check_mask_shape(mask: Tensor, n_queries: int, n_keys: int) -> None:
@@ -236,21 +286,28 @@ class MultiHeadAttention(nn.Module):
         v: Tensor,
         mask: Optional[Tensor] = None,
         need_weights: bool = False,
+        causal: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Attend from ``query`` ``(B, T, D)`` to projected ``k``, ``v`` ``(B, H, S, d_k)``.
 
+        ``causal`` hides later keys without a mask tensor (see ``scaled_dot_product_fused``); it
+        needs ``T == S``, so it is for a full pass, not for queries after cached keys.
         Returns output ``(B, T, D)`` and weights ``(B, H, T, S)`` (None unless ``need_weights``).
         """
         if mask is not None:
             check_mask_shape(mask, query.size(1), k.size(2))
+            if causal:  # one mask, so that the zeroing below also sees rows that causality empties
+                mask = with_causal(mask, query.size(1), k.size(2), query.device)  # (T, T) or (B|1, H|1, T, T)
+                causal = False
         q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
         dropout_p = self.dropout_p if self.training else 0.0
         heads, weights = scaled_dot_product_attention(
-            q, k, v, mask, dropout_p, need_weights
+            q, k, v, mask, dropout_p, need_weights, causal
         )  # (B, H, T, d_k), (B, H, T, S) or None
         out = self.out_proj(self.merge_heads(heads))  # (B, T, D)
         if mask is not None:
-            # A query with no visible key in any head returns zeros, not W_O's bias.
+            # A query with no visible key in any head returns zeros, not W_O's bias. (Causal alone
+            # never empties a row: every query sees its own key.)
             has_key = rows_with_keys(mask)  # (T, 1) or (B|1, H|1, T|1, 1)
             out = out * (has_key if has_key.dim() == 2 else has_key.any(dim=1))  # (B, T, D)
         return out, weights  # (B, T, D), (B, H, T, S) or None
@@ -262,6 +319,7 @@ class MultiHeadAttention(nn.Module):
         value: Tensor,
         mask: Optional[Tensor] = None,
         need_weights: bool = False,
+        causal: bool = False,
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Multi-head attention of ``query`` over ``key``/``value``.
 
@@ -272,9 +330,11 @@ class MultiHeadAttention(nn.Module):
                 ``(B, 1, 1, S)`` padding, ``(B, 1, T, S)`` both combined.
             need_weights: return the attention weights (explicit path) instead of using the
                 fused kernel; both paths give the same output.
+            causal: hide later keys as ``masks.causal_mask(T)`` would, without a mask tensor
+                (self-attention with ``T == S`` only; see ``scaled_dot_product_fused``).
 
         Returns:
             output ``(B, T, D)`` and weights ``(B, H, T, S)`` or None.
         """
         k, v = self.project_kv(key, value)  # (B, H, S, d_k) each
-        return self.attend(query, k, v, mask, need_weights)
+        return self.attend(query, k, v, mask, need_weights, causal)

@@ -27,6 +27,12 @@ from models.seq2seq import Attention, Encoded
 LayerCache = Dict[str, Tensor]  # self_k, self_v (B, H, t, d_k) so far; cross_k, cross_v (B, H, S, d_k)
 
 
+def target_self_mask(tgt_in: Tensor, pad_id: int) -> Tensor:
+    """``(B, T)`` target ids -> ``(B, 1, T, T)``: earlier positions only, and no padding keys."""
+    tgt_keys = key_mask(padding_mask_from_ids(tgt_in, pad_id))  # (B, 1, 1, T)
+    return combine_masks(causal_mask(tgt_in.size(1), device=tgt_in.device), tgt_keys)  # (B, 1, T, T)
+
+
 class FeedForward(nn.Module):
     """Position-wise ``W_2 ReLU(W_1 x)`` (section 3.3)."""
 
@@ -107,11 +113,14 @@ class DecoderLayer(nn.Module):
         self_mask: Optional[Tensor],
         cross_mask: Tensor,
         need_weights: bool = False,
+        causal: bool = False,
     ) -> Tuple[Tensor, LayerCache, Tuple[Optional[Tensor], Optional[Tensor]]]:
         """Decode ``T`` new positions ``x`` ``(B, T, D)`` after the ``t`` positions in ``cache``.
 
         ``self_mask`` broadcastable to ``(B, H, T, t + T)`` (None: every cached and new position
         up to the query is visible, as in a one-step decode); ``cross_mask`` ``(B, 1, 1, S)``.
+        ``causal`` hides later positions without a mask tensor (for the fused kernel's
+        ``is_causal``); it needs an empty cache, ``t = 0`` (ValueError otherwise).
         Returns ``(B, T, D)``, the extended cache, and the self ``(B, H, T, t + T)`` and cross
         ``(B, H, T, S)`` weights (None unless ``need_weights``).
         """
@@ -120,7 +129,7 @@ class DecoderLayer(nn.Module):
         self_k = torch.cat([cache["self_k"], new_k], dim=2)  # (B, H, t + T, d_k)
         self_v = torch.cat([cache["self_v"], new_v], dim=2)  # (B, H, t + T, d_k)
         attended, self_weights = self.self_attn.attend(
-            h, self_k, self_v, self_mask, need_weights
+            h, self_k, self_v, self_mask, need_weights, causal
         )  # (B, T, D), (B, H, T, t + T) or None
         x = self.self_residual.add(x, attended)  # (B, T, D)
         h = self.cross_residual.inputs(x)  # (B, T, D)
@@ -185,8 +194,12 @@ class Transformer(nn.Module):
         state: Dict[str, object],
         self_mask: Optional[Tensor],
         need_weights: bool = False,
+        causal: bool = False,
     ) -> Tuple[Tensor, Dict[str, object], Dict[str, List[Optional[Tensor]]]]:
         """Run the decoder over ``T`` new target tokens ``(B, T)`` after the ``t`` in ``state``.
+
+        ``self_mask`` as in ``DecoderLayer.forward``; ``causal=True`` with ``self_mask=None`` is
+        "earlier positions only, no mask tensor" and needs an empty cache (``t = 0``).
 
         Returns logits ``(B, T, V)``, the extended state, and per-layer weights
         ``{"cross": [(B, H, T, S)], "decoder_self": [(B, H, T, t + T)]}`` (None entries unless asked).
@@ -197,7 +210,7 @@ class Transformer(nn.Module):
         caches, self_weights, cross_weights = [], [], []
         for layer, cache in zip(self.decoder_layers, state["layers"]):
             x, cache, (self_w, cross_w) = layer(
-                x, cache, self_mask, cross_mask, need_weights
+                x, cache, self_mask, cross_mask, need_weights, causal
             )  # (B, T, D), weights (B, H, T, t + T) and (B, H, T, S) or None
             caches.append(cache)
             self_weights.append(self_w)
@@ -212,17 +225,22 @@ class Transformer(nn.Module):
         """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
         logits ``(B, T, V)`` and the attention.
 
-        The decoder self-attention sees earlier positions only (causal mask) and no padding. With
-        ``need_weights`` the attention (``models/seq2seq.py``) holds ``cross`` ``[(B, H, T, S)]`` and
+        The decoder self-attention sees earlier positions only. With ``need_weights`` it also
+        hides padding keys (``target_self_mask``), so the logged weights are exactly 0 there.
+        Without, it is causal only (``is_causal``, no mask tensor: the form CUDA's flash-attention
+        kernel takes). Both give the same logits at every real target position: padding only
+        follows a row's real tokens (``data/batching.py``), so a real query, which sees keys up to
+        itself, never sees a padding key. Only padded queries differ, and the loss ignores them
+        (``training/loss.py``: target padding is at the same positions). With ``need_weights`` the
+        attention (``models/seq2seq.py``) holds ``cross`` ``[(B, H, T, S)]`` and
         ``decoder_self`` ``[(B, H, T, T)]`` per decoder layer, ``encoder_self`` ``[(B, H, S, S)]`` per
         encoder layer; else ``{}``.
         """
         encoded = self.encode(src, src_mask, need_weights)
-        tgt_len = tgt_in.size(1)
-        tgt_keys = key_mask(padding_mask_from_ids(tgt_in, self.pad_id))  # (B, 1, 1, T)
-        self_mask = combine_masks(causal_mask(tgt_len, device=tgt_in.device), tgt_keys)  # (B, 1, T, T)
-        logits, _, attention = self.decode(tgt_in, self.start_state(encoded), self_mask, need_weights)
-        # logits (B, T, V)
+        self_mask = target_self_mask(tgt_in, self.pad_id) if need_weights else None  # (B, 1, T, T)
+        logits, _, attention = self.decode(
+            tgt_in, self.start_state(encoded), self_mask, need_weights, causal=not need_weights
+        )  # (B, T, V)
         return logits, ({**attention, **encoded.attention} if need_weights else {})
 
     def decode_step(

@@ -2,12 +2,13 @@
 through one fixture, ``multi30k_dir``."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import LEARNING_FAMILIES, LEARNING_PAIRS, ROOT, compose, deadline, write_slice
+from helpers import LEARNING_FAMILIES, ROOT, compose, deadline, learning_overrides, write_slice
 
 TEST_SECONDS = 600  # far above the slowest test: a test that hangs fails, not the CI's whole budget
 
@@ -18,6 +19,17 @@ def no_test_hangs(request):
     prints every thread's stack before that)."""
     with deadline(TEST_SECONDS, request.node.nodeid):
         yield
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_as_they_were():
+    """torch's thread count back after each test (a Trainer or ``translate.py --threads`` run in
+    this process sets it): the kernels' sums, and so the near ties, do not depend on test order."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if threads is not None:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture
@@ -105,24 +117,9 @@ def trained_slice_models(multi30k_slice, compose_config, tmp_path_factory):
     from training.trainer import Trainer
 
     models = {}
-    for family, extra in LEARNING_FAMILIES.items():
+    for family in LEARNING_FAMILIES:
         run = tmp_path_factory.mktemp(f"learn_{family}")
-        overrides = [
-            f"data.root={multi30k_slice}",
-            f"data.cache_dir={run / 'cache'}",
-            f"data.train_limit={LEARNING_PAIRS}",
-            "data.vocab_size=600",
-            "trainer.batch_tokens=2000",
-            "trainer.schedule=constant",
-            "trainer.warmup_steps=20",
-            "trainer.label_smoothing=0.0",
-            "trainer.eval_every=1000000",
-            "trainer.log_every=1000000",
-            "trainer.patience=null",
-            "trainer.max_epochs=null",
-            "trainer.attention_samples=0",
-            *extra,
-        ]
+        overrides = learning_overrides(multi30k_slice, run / "cache", family)
         trainer = Trainer(compose_config(overrides), run)
         start = time.perf_counter()
         trainer.fit()  # trainer.max_steps, then one evaluation that writes last.pt and best.pt

@@ -54,8 +54,12 @@ def load_module(path: str) -> ModuleType:
 
 def compose(overrides: Iterable[str], hydra_config: bool = False):
     """``conf/config.yaml`` composed with ``overrides`` through Hydra's compose API, as ``train.py``
-    gets it (with ``hydra_config`` also the ``hydra`` node: sweeps, launchers, folder names)."""
-    return copy.deepcopy(_compose(tuple(overrides), hydra_config))  # callers may change their copy
+    gets it (with ``hydra_config`` also the ``hydra`` node: sweeps, launchers, folder names). The
+    device is the CPU unless ``overrides`` name one: the suite tests the CPU path on any machine."""
+    overrides = tuple(overrides)
+    if not any(o.startswith("device=") for o in overrides):
+        overrides = ("device=cpu", *overrides)
+    return copy.deepcopy(_compose(overrides, hydra_config))  # callers may change their copy
 
 
 @functools.lru_cache(maxsize=None)
@@ -139,6 +143,7 @@ def write_run(
         "sacrebleu": signatures(),
         "valid_history": history,
         "test_weights": {"used": "best.pt", "valid_bleu": {"best.pt": best["bleu"]}},
+        "decode_dtype": "float32",
     }
     content.update(results)
     (folder / "results.json").write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
@@ -173,6 +178,7 @@ def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
         f"data.cache_dir={cache}",
         "data.vocab_size=500",
         *TINY_RNN,
+        "device=cpu",  # what these runs test is the CPU path, also on a machine with GPUs (gpu tests: test_gpu.py)
         "trainer.max_epochs=null",
         "trainer.attention_samples=0",
         "trainer.beam_size=1",
@@ -229,6 +235,41 @@ LEARNING_FAMILIES = {
         "trainer.max_steps=300",
     ],
 }
+
+
+def learning_overrides(slice_dir: Path, cache: Path, family: str, *extra: str) -> List[str]:
+    """The overrides of a learning run (``trained_slice_models`` in conftest.py, and the gpu tests):
+    ``family`` trained for 300 steps on the first ``LEARNING_PAIRS`` pairs of a Multi30k slice, no
+    evaluation but the last; ``extra`` adds to them (the device, ``trainer.amp``)."""
+    return [
+        f"data.root={slice_dir}",
+        f"data.cache_dir={cache}",
+        f"data.train_limit={LEARNING_PAIRS}",
+        "data.vocab_size=600",
+        "trainer.batch_tokens=2000",
+        "trainer.schedule=constant",
+        "trainer.warmup_steps=20",
+        "trainer.label_smoothing=0.0",
+        "trainer.eval_every=1000000",
+        "trainer.log_every=1000000",
+        "trainer.patience=null",
+        "trainer.max_epochs=null",
+        "trainer.attention_samples=0",
+        *LEARNING_FAMILIES[family],
+        *extra,
+    ]
+
+
+def translate_process(*args, stdin: str = "", timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python translate.py ARGS`` in a subprocess, as users run it."""
+    return subprocess.run(
+        [sys.executable, "translate.py", *map(str, args)],
+        cwd=ROOT,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def translate(*args, stdin: str = "") -> subprocess.CompletedProcess:

@@ -8,6 +8,7 @@ from models.attention import (
     AdditiveAttention,
     MultiHeadAttention,
     masked_softmax_,
+    scaled_dot_product_attention,
     scaled_dot_product_explicit,
     scaled_dot_product_fused,
 )
@@ -367,3 +368,65 @@ def test_causal_mask_keeps_earlier_outputs_independent_of_later_inputs():
     after, _ = mha(changed, changed, changed, mask=causal_mask(T))
     torch.testing.assert_close(before[:, :3], after[:, :3])
     assert not torch.allclose(before[:, 3:], after[:, 3:])
+
+
+# --- causal=True: the triangle without a mask tensor (the fused kernel's is_causal) ---------------
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_causal_flag_equals_the_explicit_causal_mask(need_weights):
+    q, k, v = torch.randn(B, H, T, 8), torch.randn(B, H, T, 8), torch.randn(B, H, T, 6)
+    out, _ = scaled_dot_product_attention(q, k, v, causal=True, need_weights=need_weights)
+    expected, weights = scaled_dot_product_explicit(q, k, v, causal_mask(T))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    above_diagonal = ~causal_mask(T).expand_as(weights)
+    assert (weights[above_diagonal] == 0).all()
+    _, flag_weights = scaled_dot_product_explicit(q, k, v, causal=True)
+    assert torch.equal(flag_weights, weights)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_causal_flag_with_a_padding_mask_hides_both(need_weights):
+    q, k, v = torch.randn(B, H, T, 8), torch.randn(B, H, T, 8), torch.randn(B, H, T, 6)
+    pad = key_mask(padding([5, 3, 0], T))  # the last sequence has no visible key
+    out, _ = scaled_dot_product_attention(q, k, v, pad, causal=True, need_weights=need_weights)
+    expected, _ = scaled_dot_product_explicit(q, k, v, combine_masks(causal_mask(T), pad))
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_mha_causal_flag_equals_causal_mask(need_weights):
+    mha = MultiHeadAttention(D, H)
+    nn.init.normal_(mha.out_proj.bias)  # rows emptied by padding return zeros, not this bias
+    x = torch.randn(B, T, D)
+    flag, flag_weights = mha(x, x, x, causal=True, need_weights=need_weights)
+    mask, mask_weights = mha(x, x, x, mask=causal_mask(T), need_weights=need_weights)
+    torch.testing.assert_close(flag, mask, atol=1e-5, rtol=1e-5)
+    if need_weights:
+        torch.testing.assert_close(flag_weights, mask_weights)
+    pad = key_mask(padding([5, 3, 0], T))
+    both, _ = mha(x, x, x, mask=pad, causal=True, need_weights=need_weights)
+    combined, _ = mha(x, x, x, mask=combine_masks(causal_mask(T), pad), need_weights=need_weights)
+    torch.testing.assert_close(both, combined, atol=1e-5, rtol=1e-5)
+    assert (both[2] == 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_causal_flag_refuses_more_keys_than_queries(need_weights):
+    """``is_causal`` is top-left aligned: wrong for queries after cached keys, so it is refused."""
+    q, k, v = torch.randn(B, H, 2, 8), torch.randn(B, H, S, 8), torch.randn(B, H, S, 6)
+    with pytest.raises(ValueError, match="causal"):
+        scaled_dot_product_attention(q, k, v, causal=True, need_weights=need_weights)
+    with pytest.raises(ValueError, match="causal"):
+        scaled_dot_product_attention(
+            q, k, v, key_mask(padding([7, 4, 2], S)), causal=True, need_weights=need_weights
+        )
+    mha = MultiHeadAttention(D, H)
+    x = torch.randn(B, T, D)
+    cached_k, cached_v = mha.project_kv(x, x)  # (B, H, T, d_k): T earlier steps
+    new = torch.randn(B, 1, D)
+    k, v = mha.project_kv(new, new)
+    keys, values = torch.cat([cached_k, k], dim=2), torch.cat([cached_v, v], dim=2)
+    with pytest.raises(ValueError, match="causal"):
+        mha.attend(new, keys, values, causal=True, need_weights=need_weights)

@@ -12,6 +12,7 @@ from models.config import RNNConfig
 from models.rnn import RNNModel
 from training.checkpoint import (
     CheckpointError,
+    cuda_states_to_restore,
     keep_recent,
     load_checkpoint,
     rng_states,
@@ -151,6 +152,32 @@ def test_rng_states_survive_a_checkpoint(tmp_path):
     set_rng_states(load_checkpoint(tmp_path / "c.pt")["rng"])
     assert random.random() == expected[0]
     assert torch.equal(torch.rand(3), expected[1])
+
+
+def test_cuda_generators_restore_onto_fewer_or_more_gpus():
+    saved = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]  # a state per GPU of the saver
+    kept, lost = cuda_states_to_restore(saved, visible=4)
+    assert [int(s[0]) for s in kept] == [0, 1, 2, 3] and lost == ""
+    kept, lost = cuda_states_to_restore(saved, visible=1)  # set_rng_state_all would fail here
+    assert [int(s[0]) for s in kept] == [0] and "4 GPUs, this process sees 1" in lost
+    kept, lost = cuda_states_to_restore(saved[:1], visible=2)
+    assert [int(s[0]) for s in kept] == [0] and "GPUs 1.. start afresh" in lost
+    kept, lost = cuda_states_to_restore(saved, visible=0)
+    assert kept == [] and "sees none" in lost
+
+
+def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tmp_path):
+    states = rng_states()
+    states["cuda"] = [torch.zeros(16, dtype=torch.uint8)]  # as a CUDA machine saves them
+    expected = torch.rand(3)
+    save_checkpoint({"model": {}, "model_config": {}, "rng": states}, tmp_path / "c.pt")
+    lost = set_rng_states(load_checkpoint(tmp_path / "c.pt")["rng"])
+    assert torch.equal(torch.rand(3), expected)
+    assert lost == (
+        []
+        if torch.cuda.is_available()
+        else ["the checkpoint holds the generators of 1 GPU(s) and this process sees none"]
+    )
 
 
 def test_keep_recent_keeps_the_newest_as_hard_links_of_last(tmp_path):

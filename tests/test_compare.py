@@ -426,6 +426,7 @@ def test_a_real_sweep_has_the_format_these_tests_write_and_compares(multi30k_sli
             "-m",
             "seed=1,2",
             *TINY_RNN,
+            "device=cpu",
             f"data.root={multi30k_slice}",
             f"data.cache_dir={tmp_path / 'cache'}",
             "data.vocab_size=500",

@@ -182,7 +182,8 @@ def test_spec_keys_and_defaults():
     assert "patience" in trainer and (trainer.patience is None or trainer.patience > 0)
     assert trainer.beam_size == 5
     assert trainer.resume is None
-    assert cfg.device == "auto"
+    # the suite composes with device=cpu (helpers.compose): the default is the root config's
+    assert OmegaConf.load(ROOT / "conf" / "config.yaml").device == "auto"
     assert cfg.seed == 1
 
 

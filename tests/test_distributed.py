@@ -215,3 +215,32 @@ def test_a_two_task_submitit_job_trains_as_two_ranks(multi30k_slice, tmp_path):
     log_text = (run / "train.log").read_text()
     assert "data parallel: world of 2 ranks" in log_text and log_text.count("summary:") == 1
     assert (run / "results.json").is_file()
+
+
+def test_each_rank_resumes_its_own_dropout_masks(multi30k_slice, tmp_path):
+    """With dropout, each rank draws its own masks: a run stopped after its first evaluation and
+    resumed continues both ranks' generators, so its losses are those of the uninterrupted run (a
+    resume that gave every rank rank 0's generators would give rank 1 other masks)."""
+    cache = tmp_path / "cache"
+
+    def run(folder: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
+        args = [
+            a
+            for a in overrides(folder, multi30k_slice, cache, "trainer.batch_tokens=500")
+            if "dropout" not in a
+        ]
+        args += ["model.dropout=0.3", "trainer.eval_every=3", f"trainer.max_steps={steps}", *extra]
+        done = subprocess.run(torchrun(2, *args), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        return done
+
+    run(tmp_path / "straight", STEPS)
+    run(tmp_path / "resumed", 3)
+    resumed = run(tmp_path / "resumed", STEPS, "trainer.resume=auto")
+    assert "resume" in (tmp_path / "resumed" / "train.log").read_text()
+    assert "is not exact" not in resumed.stdout + resumed.stderr
+    straight = scalars(tmp_path / "straight" / "tb", "train/loss")
+    assert [s for s, _ in straight] == list(range(1, STEPS + 1))
+    assert (
+        scalars(tmp_path / "resumed" / "tb", "train/loss") == straight
+    )  # bitwise: one machine, one thread a rank

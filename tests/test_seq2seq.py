@@ -127,6 +127,70 @@ def test_incremental_decoding_equals_full_forward(variant):
     torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=1e-5)
 
 
+@each_variant
+def test_logits_with_and_without_weights_agree_at_real_positions(variant):
+    """The Transformer's weight-free pass uses a causal decoder self-attention without the padding
+    mask; padding only follows real tokens, so every real position sees the same keys."""
+    model = model_of(variant)
+    src, src_mask, tgt = batch()  # source and target padding
+    with torch.no_grad():
+        fast, _ = model(src, src_mask, tgt)  # (B, T, V)
+        weighted, _ = model(src, src_mask, tgt, need_weights=True)  # (B, T, V)
+    real = tgt != PAD_ID
+    torch.testing.assert_close(fast[real], weighted[real], atol=1e-5, rtol=1e-5)
+
+
+def teacher_forced_loss(
+    model: nn.Module, src: Tensor, src_mask: Tensor, tgt: Tensor, need_weights: bool
+) -> Tensor:
+    logits, _ = model(src, src_mask, tgt, need_weights=need_weights)
+    target = torch.roll(tgt, -1, dims=1).masked_fill(tgt == PAD_ID, PAD_ID)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, V), target.reshape(-1), ignore_index=PAD_ID)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_transformer_gradients_with_and_without_weights_agree(norm):
+    """Padded queries, which see padding keys on the causal-only path, reach no loss term."""
+    model = tiny_transformer(norm=norm, dropout=0.0, attention_dropout=0.0).train()
+    src, src_mask, tgt = batch()
+    grads = []
+    for need_weights in (False, True):
+        model.zero_grad()
+        teacher_forced_loss(model, src, src_mask, tgt, need_weights).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for fast, weighted in zip(*grads):
+        torch.testing.assert_close(fast, weighted, atol=1e-5, rtol=1e-4)
+
+
+def test_transformer_training_pass_gives_decoder_self_attention_no_mask_tensor(monkeypatch):
+    """CUDA's flash-attention kernel takes ``is_causal`` but no ``attn_mask``: the weight-free pass
+    must reach it with the decoder self-attention (encoder and cross-attention keep their padding)."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **rest):
+        calls.append((attn_mask is None, is_causal))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **rest)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    model = tiny_transformer()
+    src, src_mask, tgt = batch()
+    with torch.no_grad():
+        model(src, src_mask, tgt)
+    assert calls.count((True, True)) == model.cfg.decoder_layers
+    assert len(calls) == model.cfg.encoder_layers + 2 * model.cfg.decoder_layers
+
+
+def test_transformer_decode_refuses_causal_after_cached_steps():
+    model = tiny_transformer()
+    src, src_mask, tgt = batch()
+    with torch.no_grad():
+        state = model.start_state(model.encode(src, src_mask))
+        _, state, _ = model.decode_step(tgt[:, 0], state)
+        with pytest.raises(ValueError, match="causal"):
+            model.decode(tgt[:, 1:3], state, None, causal=True)
+
+
 def tensors(state) -> list:
     found = []
     map_state(state, found.append)

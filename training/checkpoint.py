@@ -78,7 +78,8 @@ def to_cpu(tree: Any) -> Any:
 
 
 def rng_states() -> Dict[str, Any]:
-    """Python's, NumPy's, torch's and (when present) CUDA's generators, as tensors and plain data."""
+    """Python's, NumPy's, torch's and (when present) CUDA's generators, as tensors and plain data
+    (``cuda``: one state per visible GPU)."""
     import numpy as np
 
     kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -98,7 +99,25 @@ def rng_states() -> Dict[str, Any]:
     return states
 
 
-def set_rng_states(states: Dict[str, Any]) -> None:
+def cuda_states_to_restore(saved: List[torch.Tensor], visible: int) -> Tuple[List[torch.Tensor], str]:
+    """The CUDA generator states of ``saved`` (one per GPU of the saving process) that the
+    ``visible`` GPUs of this one take, GPU ``i`` state ``i``; and what cannot be restored (empty
+    when everything can)."""
+    if len(saved) == visible:
+        return list(saved), ""
+    if visible == 0:
+        return [], f"the checkpoint holds the generators of {len(saved)} GPU(s) and this process sees none"
+    kept = list(saved[:visible])
+    if len(saved) > visible:
+        return kept, f"the checkpoint holds the generators of {len(saved)} GPUs, this process sees {visible}"
+    return (
+        kept,
+        f"the checkpoint holds the generators of {len(saved)} GPU(s), GPUs {len(saved)}.. start afresh",
+    )
+
+
+def set_rng_states(states: Dict[str, Any]) -> List[str]:
+    """Restore the generators of ``rng_states``; what could not be restored (empty: all of it)."""
     import numpy as np
 
     random.setstate(states["python"])
@@ -108,8 +127,13 @@ def set_rng_states(states: Dict[str, Any]) -> None:
         np.random.set_state(
             (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
         )
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if "cuda" not in states:
+        return ["the checkpoint holds no CUDA generator (saved without CUDA)"] if visible else []
+    kept, lost = cuda_states_to_restore(states["cuda"], visible)
+    for index, state in enumerate(kept):
+        torch.cuda.set_rng_state(state, index)
+    return [lost] if lost else []
 
 
 def weights_mismatch(expected: Dict[str, Any], given: Dict[str, Any]) -> str:

@@ -65,6 +65,9 @@ class TrainerConfig:
     ema_decay: Optional[float] = None
     average_last: Optional[int] = None
     amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
+    # TF32 matrix products for the float32 work on CUDA (Ampere and later: about 8x float32's
+    # throughput, a 10-bit mantissa); false: full float32. The CPU ignores it.
+    tf32: bool = True
     num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
     compile: bool = False  # torch.compile the model
     # Processes that collate training batches ahead of the step (data/loading.py; 0: collated in

@@ -1,20 +1,72 @@
-"""Where and how the model runs: the torch device, CPU threads and mixed precision."""
+"""Where and how the model runs: the torch device, CPU threads and numeric precision.
 
+One precision rule serves training, validation, the test decoding and ``translate.py``: with
+``amp`` the forward passes run under bf16 autocast on CUDA; otherwise, and always on the CPU,
+in float32 (TF32 matrix products on CUDA when ``trainer.tf32``).
+"""
+
+import logging
 import os
 from contextlib import nullcontext
 from functools import partial
-from typing import Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Dict, Optional
 
 import torch
 
+log = logging.getLogger(__name__)
 
-def pick_device(name: str, local_rank: int = 0) -> torch.device:
+DTYPES = ("auto", "float32", "bfloat16")  # translate.py --dtype, Translator(dtype=...)
+
+
+def visible_devices_narrowed() -> bool:
+    """Whether a scheduler gave this process one GPU of its own (``CUDA_VISIBLE_DEVICES`` naming
+    one device, as submitit and SLURM's ``--gpus-per-task`` set it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return bool(visible) and "," not in visible
+
+
+def cuda_index(local_rank: int, local_world_size: int, n_gpus: int, narrowed: bool) -> Optional[int]:
+    """The GPU of local rank ``local_rank`` of ``local_world_size`` ranks on a machine that shows
+    ``n_gpus``; None when the ranks cannot have one GPU each (NCCL refuses two ranks on one GPU).
+
+    Each rank takes ``cuda:<local_rank>``; a process shown one GPU of its own (``narrowed``) takes it.
+    """
+    if n_gpus == 0:
+        return None
+    if n_gpus == 1 and narrowed:
+        return 0
+    if local_world_size > n_gpus or local_rank >= n_gpus:
+        return None
+    return local_rank
+
+
+def pick_device(name: str, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
     """``auto`` (CUDA when there is one, else the CPU) or a torch device name such as ``cpu``, ``cuda:1``.
-    Under torchrun, ``auto`` and ``cuda`` mean this process's GPU, ``cuda:<LOCAL_RANK>``."""
+
+    Under torchrun, ``auto`` and ``cuda`` mean this process's GPU, ``cuda:<LOCAL_RANK>``. With more
+    ranks on the machine than GPUs, ``auto`` trains every rank on the CPU (with a warning: all ranks
+    must use one backend) and ``cuda`` is an error.
+    """
     if name in ("auto", "cuda") and torch.cuda.is_available():
-        device = torch.device("cuda", local_rank if local_rank < torch.cuda.device_count() else 0)
-        torch.cuda.set_device(device)
-        return device
+        n_gpus = torch.cuda.device_count()
+        index = cuda_index(local_rank, local_world_size, n_gpus, visible_devices_narrowed())
+        if index is not None:
+            device = torch.device("cuda", index)
+            torch.cuda.set_device(device)
+            return device
+        if name == "cuda":
+            raise ValueError(
+                f"device=cuda with {local_world_size} ranks on this machine but {n_gpus} GPU(s): start at most "
+                f"{n_gpus} ranks per machine (torchrun --nproc-per-node={n_gpus}) or use device=cpu"
+            )
+        log.warning(
+            "%d ranks on this machine but %d GPU(s): device=auto trains every rank on the CPU "
+            "(start --nproc-per-node=%d for the GPUs)",
+            local_world_size,
+            n_gpus,
+            n_gpus,
+        )
+        return torch.device("cpu")
     if name == "auto":
         return torch.device("cpu")
     try:
@@ -37,8 +89,39 @@ def set_threads(device: torch.device, num_threads: Optional[int] = None) -> None
     torch.set_num_threads(num_threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
 
 
-def autocast_for(device: torch.device, amp: bool) -> Callable[[], ContextManager]:
-    """A factory of the autocast context of a forward pass: bf16 on CUDA when ``amp``, else none."""
-    if device.type == "cuda" and amp:
+def precision_name(device: torch.device, amp: bool, tf32: bool) -> str:
+    """The precision forward passes run in: ``bfloat16`` (autocast), ``tf32`` (float32 tensors,
+    TF32 matrix products) or ``float32``. Only CUDA has the first two: the CPU is always float32."""
+    if device.type != "cuda":
+        return "float32"
+    return "bfloat16" if amp else "tf32" if tf32 else "float32"
+
+
+def run_precision(config: Dict[str, Any]) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of a run's resolved config (a checkpoint's ``config``). A run from
+    before ``trainer.tf32`` ran its float32 products in full float32."""
+    trainer = (config or {}).get("trainer") or {}
+    return {"amp": bool(trainer.get("amp", False)), "tf32": bool(trainer.get("tf32", False))}
+
+
+def decode_precision(dtype: Optional[str], config: Dict[str, Any]) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of decoding with ``dtype`` (``DTYPES``; None or ``auto``: as the run
+    of ``config`` was trained and tested), so that ``translate.py`` and ``results.json`` agree."""
+    run = run_precision(config)
+    if dtype in (None, "auto"):
+        return run
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    return {"amp": dtype == "bfloat16", "tf32": run["tf32"] if dtype == "bfloat16" else False}
+
+
+def use_precision(device: torch.device, amp: bool, tf32: bool) -> Callable[[], ContextManager]:
+    """Set TF32 for this process's CUDA matrix products (``tf32``) and return the factory of a
+    forward pass's autocast context: bf16 on CUDA when ``amp``, else none."""
+    if device.type != "cuda":
+        return nullcontext
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    if amp:
         return partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)
     return nullcontext

@@ -12,10 +12,11 @@ import datetime
 import os
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 TIMEOUT_MINUTES = 30  # a collective that waits longer (a rank died or hangs) fails instead of hanging
 
@@ -25,6 +26,7 @@ class World:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # the ranks on this machine
 
     @property
     def distributed(self) -> bool:
@@ -53,15 +55,17 @@ def export_job_ranks() -> None:
         ) from None
     job = TorchDistributedEnvironment()
     if job.world_size > 1:
-        job.export()  # may narrow CUDA_VISIBLE_DEVICES to the task's GPU: pick_device copes
+        job.export()  # narrows CUDA_VISIBLE_DEVICES to the task's GPU: pick_device takes it
 
 
 def world_from_env() -> World:
-    """The ranks torchrun set in the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``)."""
+    """The ranks torchrun set in the environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``)."""
     return World(
         int(os.environ.get("RANK", 0)),
         int(os.environ.get("WORLD_SIZE", 1)),
         int(os.environ.get("LOCAL_RANK", 0)),
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
     )
 
 
@@ -122,13 +126,27 @@ def close() -> None:
         dist.destroy_process_group()
 
 
-def total(value: float, device: torch.device) -> float:
-    """The sum of ``value`` over the ranks."""
+def total_on_device(value: Union[int, Tensor], device: torch.device) -> Union[int, Tensor]:
+    """The sum of ``value`` (a count or a device scalar) over the ranks, left on the device: no
+    rank waits for it until it is read. Without a process group, ``value`` itself."""
     if not active():
         return value
-    tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    tensor = (
+        value.clone()
+        if isinstance(value, Tensor)
+        else torch.full((), value, dtype=torch.float32, device=device)
+    )
     dist.all_reduce(tensor)
-    return float(tensor.item())
+    return tensor
+
+
+def gather(value: Any, device: torch.device) -> List[Any]:
+    """Every rank's ``value`` (a picklable object), in rank order, on every rank."""
+    if not active():
+        return [value]
+    found: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(found, value)
+    return found
 
 
 def broadcast(value: Any, device: torch.device) -> Any:

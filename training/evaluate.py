@@ -10,7 +10,7 @@ from torch import nn
 from data.batching import Batch, ParallelDataset, TokenBucketSampler, pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
-from models.masks import padding_mask_from_lengths
+from models.masks import padding_mask_from_ids
 from models.search import Hypothesis, search
 from training.loss import label_smoothed_nll
 
@@ -23,7 +23,8 @@ def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Bat
 
 
 def src_mask_of(batch: Batch) -> torch.Tensor:
-    return padding_mask_from_lengths(batch.src_lengths, batch.src.size(1))  # (B, S)
+    """The source padding mask of ``batch``, from its ids (no host sync, on any device)."""
+    return padding_mask_from_ids(batch.src, PAD_ID)  # (B, S)
 
 
 @torch.no_grad()
@@ -32,14 +33,15 @@ def validation_loss(
 ) -> Dict[str, float]:
     """Per-token NLL (no label smoothing) and perplexity of the references."""
     model.eval()
-    total, tokens = 0.0, 0
+    total = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: one sync at the end
+    tokens = torch.zeros((), dtype=torch.int64, device=device)
     for batch in ordered_batches(dataset, batch_tokens):
         batch = batch.to(device)
         with autocast():
             logits, _ = model(batch.src, src_mask_of(batch), batch.tgt_in)  # (B, T, V)
         _, nll, n = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, 0.0)
-        total, tokens = total + float(nll), tokens + n
-    loss = total / max(tokens, 1)
+        total, tokens = total + nll, tokens + n
+    loss = float(total) / max(int(tokens), 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
 
 

@@ -8,14 +8,15 @@ from torch import Tensor
 
 def label_smoothed_nll(
     logits: Tensor, target: Tensor, pad_id: int, smoothing: float
-) -> Tuple[Tensor, Tensor, int]:
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Summed losses over the non-padding positions of ``target``.
 
     ``logits`` ``(B, T, V)``, ``target`` ``(B, T)``. The smoothed loss is
     ``(1 - eps) * NLL + eps * mean_v(-log p_v)``: the cross-entropy against a target distribution
     that puts ``1 - eps`` on the reference token and spreads ``eps`` uniformly over the vocabulary.
 
-    Returns (smoothed loss sum, NLL sum, number of target tokens); the NLL gives perplexity.
+    Returns (smoothed loss sum, NLL sum, number of target tokens), scalars on the logits' device
+    (no host sync); the NLL gives perplexity.
     """
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     keep = target != pad_id  # (B, T)
@@ -26,4 +27,4 @@ def label_smoothed_nll(
         loss = (1.0 - smoothing) * nll + smoothing * uniform  # (N,)
     else:
         loss = nll
-    return loss.sum(), nll.sum().detach(), int(keep.sum())
+    return loss.sum(), nll.sum().detach(), keep.sum()

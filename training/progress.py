@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 import torch
 
 from training.config import TrainerConfig
+from training.device import precision_name
 from training.distributed import World
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,8 @@ def log_window(p: Progress, window: LogWindow, total_steps: Optional[int]) -> Di
 
 def describe_setup(model: str, params: int, device: torch.device, world: World, tc: TrainerConfig) -> str:
     """The log line of what trains where: model, parameters, device, threads (and the DDP world)."""
-    line = f"model: {model}, {params:,} parameters, device {device}, {torch.get_num_threads()} threads"
+    precision = precision_name(device, tc.amp, tc.tf32)
+    line = f"model: {model}, {params:,} parameters, device {device} ({precision}), {torch.get_num_threads()} threads"
     if world.distributed:
         backend = "NCCL" if device.type == "cuda" else "gloo"
         line += (

@@ -129,6 +129,7 @@ def finish(trainer: Trainer, test: Dict[str, Dict[str, float]]) -> Optional[Dict
         trainer.progress, trainer.model_cfg.name, trainer.params, trainer.epochs_done(), trainer.device, test
     )
     results["test_weights"] = trainer.test_weights
+    results["decode_dtype"] = trainer.precision  # translate.py's --dtype auto decodes the same way
     write_results(trainer.out_dir, results)
     trainer.board.hparams(OmegaConf.to_container(trainer.cfg, resolve=True), hparam_metrics(results))
     log.info("summary: %s", summary_line(results))

@@ -5,10 +5,10 @@ whose loss or gradient norm is not finite changes nothing: no update, no step co
 import logging
 import math
 from pathlib import Path
-from typing import Callable, ContextManager, List, Optional
+from typing import Callable, ContextManager, List, Optional, Tuple, Union
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from data.batching import Batch
 from data.specials import PAD_ID
@@ -65,12 +65,13 @@ def accumulate_gradients(
     world: World,
     device: torch.device,
     autocast: Callable[[], ContextManager],
-) -> StepStats:
+) -> Tuple[Tensor, Union[int, Tensor]]:
     """Backward of the loss of every batch, normalised per target token of the whole step; the
-    summed loss and the tokens (every rank's batches together; lr and norm not known yet)."""
+    summed loss (a device scalar) and the target tokens, every rank's together (an int, or under
+    DDP a device scalar). Nothing here waits for the device."""
     # Every rank's target tokens together: DDP averages the ranks' gradients, hence the factor world_size.
-    n_tokens = int(distributed.total(sum(b.n_tgt_tokens for b in batches), device))
-    total = 0.0
+    n_tokens = distributed.total_on_device(sum(b.n_tgt_tokens for b in batches), device)
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for k, batch in enumerate(batches):
         batch = batch.to(device)
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
@@ -78,9 +79,19 @@ def accumulate_gradients(
                 logits, _ = forward(batch.src, src_mask_of(batch), batch.tgt_in)  # (B, T, V)
             loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, tc.label_smoothing)
             (loss / n_tokens * world.world_size).backward()
-        total += float(loss.detach())
-    total = distributed.total(total, device)  # every rank sees the same loss: the same skip decisions
-    return StepStats(total / n_tokens, float("nan"), float("nan"), n_tokens, skipped=False)
+        total += loss.detach()
+    # every rank sees the same loss: the same skip decisions
+    return distributed.total_on_device(total, device), n_tokens
+
+
+def step_numbers(
+    loss_sum: Tensor, grad_norm: Tensor, n_tokens: Union[int, Tensor]
+) -> Tuple[float, float, int]:
+    """The summed loss, the gradient norm and the tokens of a step on the host: the one wait for
+    the device in a step, needed to skip a non-finite update."""
+    tokens = n_tokens if isinstance(n_tokens, Tensor) else loss_sum.new_full((), n_tokens)
+    loss, norm, count = torch.stack([loss_sum, grad_norm.double(), tokens.double()]).tolist()
+    return loss, norm, int(count)
 
 
 def train_step(
@@ -97,9 +108,11 @@ def train_step(
     """One optimizer step at rate ``lr`` over ``batches``; ``forward`` is ``model`` itself, its DDP wrapper
     or its compiled form. Skipped (``stats.skipped``, gradients dropped) when not finite."""
     model.train()
-    stats = accumulate_gradients(forward, batches, tc, world, device, autocast)
+    loss_sum, n_tokens = accumulate_gradients(forward, batches, tc, world, device, autocast)
     clip = tc.clip_grad_norm if tc.clip_grad_norm is not None else float("inf")
-    stats.grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip))
+    norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
+    loss_sum, grad_norm, tokens = step_numbers(loss_sum, norm, n_tokens)
+    stats = StepStats(loss_sum / tokens, float("nan"), grad_norm, tokens, skipped=False)
     if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
         optimizer.zero_grad(
             set_to_none=True

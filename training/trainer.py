@@ -41,7 +41,7 @@ from training.checkpoint import (
     to_cpu,
 )
 from training.config import model_config, trainer_config
-from training.device import autocast_for, pick_device, set_threads
+from training.device import pick_device, precision_name, set_threads, use_precision
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
 from training.resume import adopt_best, check_resumable, remove_stale_temporaries, warn_batch_order
 from training.run_folder import resume_path, unlock_run_folder
@@ -62,6 +62,12 @@ log = logging.getLogger(__name__)
 
 class TrainingError(Exception):
     """A run that cannot go on (or must not start); the message says why and what to do."""
+
+
+def cudnn_rnn_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` has a torch RNN with dropout between its layers: on CUDA, cuDNN draws those
+    masks from a state of its own that no checkpoint can hold."""
+    return any(isinstance(m, nn.RNNBase) and m.dropout > 0 for m in model.modules())
 
 
 def seed_everything(seed: int) -> None:
@@ -95,7 +101,7 @@ class Trainer:
     def __init__(self, cfg: DictConfig, out_dir: Path):
         self.cfg, self.out_dir, self.tc = cfg, Path(out_dir), trainer_config(cfg.trainer)
         self.world = distributed.world_from_env()
-        self.device = pick_device(cfg.device, self.world.local_rank)
+        self.device = pick_device(cfg.device, self.world.local_rank, self.world.local_world_size)
         set_threads(self.device, self.tc.num_threads)
         distributed.init(self.world, self.device)
         seed_everything(cfg.seed)  # the same initial weights on every rank (DDP checks that they agree)
@@ -107,7 +113,9 @@ class Trainer:
         self.model = model_for(self.model_cfg, self.data.tokenizer).to(self.device)
         self.params = count_parameters(self.model)
         self.optimizer = make_optimizer(self.model, self.tc)
-        self.autocast = autocast_for(self.device, self.tc.amp)
+        # one precision for training, validation and the test decoding (translate.py takes the same)
+        self.autocast = use_precision(self.device, self.tc.amp, self.tc.tf32)
+        self.precision = precision_name(self.device, self.tc.amp, self.tc.tf32)
         # DDP shares the parameters of self.model (saved, evaluated) and all-reduces their gradients.
         self.ddp = distributed.wrap(self.model, self.world, self.device)
         self.forward = torch.compile(self.ddp) if self.tc.compile else self.ddp
@@ -145,13 +153,16 @@ class Trainer:
     def epochs_done(self) -> float:
         return self.progress.epochs_done(len(self.sampler))
 
-    def checkpoint(self) -> Dict[str, Any]:
+    def checkpoint(self, rngs: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The state that resumes the run; ``rngs``: every rank's generators (``rank_rngs``)."""
         payload = self.weights_checkpoint(self.model.state_dict())
         payload |= {
             "optimizer": to_cpu(self.optimizer.state_dict()),
-            "rng": rng_states(),
+            "rng": rngs[0],
             "batch_order": BATCH_ORDER,
         }
+        if len(rngs) > 1:  # each rank resumes its own dropout masks
+            payload["rng_ranks"] = rngs
         if self.ema is not None:
             payload["ema"] = to_cpu(self.ema.state_dict())
         return payload
@@ -183,7 +194,7 @@ class Trainer:
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.progress = Progress(**payload["progress"])
-        set_rng_states(payload["rng"])
+        self.restore_rngs(payload)
         if self.ema is not None and "ema" in payload:
             self.ema.load_state_dict(payload["ema"])
         elif self.ema is not None:
@@ -199,6 +210,27 @@ class Trainer:
         log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, p.epoch + 1, p.batches_done)
         return True
 
+    def rank_rngs(self) -> List[Dict[str, Any]]:
+        """Every rank's generators, in rank order (a collective: every rank calls it at once)."""
+        return distributed.gather(rng_states(), self.device)
+
+    def restore_rngs(self, payload: Dict[str, Any]) -> None:
+        """This rank's generators from ``payload``; what cannot be restored exactly is logged once."""
+        rngs, world = payload.get("rng_ranks") or [payload["rng"]], self.world
+        lost = []
+        if world.distributed and len(rngs) != world.world_size:
+            lost.append(
+                f"the checkpoint holds the generators of {len(rngs)} rank(s), this run has {world.world_size}: "
+                "each rank takes rank 0's, so dropout masks differ from the interrupted run's"
+            )
+        lost += set_rng_states(rngs[world.rank] if len(rngs) == world.world_size else rngs[0])
+        if self.device.type == "cuda" and cudnn_rnn_dropout(self.model):
+            lost.append(
+                "cuDNN keeps the RNN's dropout state out of reach: its masks after resume are new ones"
+            )
+        for what in lost if world.main else []:
+            log.warning("resume on %s is not exact: %s", self.device, what)
+
     # ----- the loop -----
     def fit(self, max_steps: Optional[int] = None, evaluate_last: bool = True) -> str:
         """Train until a limit of ``trainer.*``, early stopping or ``max_steps`` (a limit of this call);
@@ -212,7 +244,8 @@ class Trainer:
             reason = self.agreed_stop()
             while reason is None:
                 reason = self.train_epoch()
-            if evaluate_last and not self.progress.evaluated_now():
+            # rank 0 (which alone keeps the evaluations) decides for all: evaluate() is a collective
+            if evaluate_last and distributed.broadcast(not self.progress.evaluated_now(), self.device):
                 self.evaluate()  # stopped between evaluations: score (and save) the last weights too
             self.agreed_stop(signal_only=True)  # a signal during that last evaluation
         finally:
@@ -343,6 +376,7 @@ class Trainer:
         """Validation scores, images, checkpoints: on rank 0 only (the other ranks wait at the next
         collective; the decision to stop reaches them by broadcast)."""
         if not self.world.main:
+            self.rank_rngs()  # for rank 0's checkpoint, once it has validated
             return
         p, tick = self.progress, time.perf_counter()
         scores, found, hyps = validate(
@@ -360,7 +394,7 @@ class Trainer:
         improved = record(p, scores, self.epochs_done())
         p.train_seconds = self.seconds()
         self.board.flush()
-        payload = self.checkpoint()
+        payload = self.checkpoint(self.rank_rngs())  # the generators as they are after validating
         save_checkpoint(payload, self.ckpt_dir / "last.pt")
         if improved:
             save_checkpoint(payload, self.ckpt_dir / "best.pt")
@@ -384,8 +418,9 @@ class Trainer:
         """Save the state as it is now (mid-epoch too) as ``last.pt`` (rank 0 writes it)."""
         self.progress.train_seconds = self.seconds()
         path = self.ckpt_dir / "last.pt"
+        rngs = self.rank_rngs()  # every rank calls save_last at the same step
         if self.world.main:
-            save_checkpoint(self.checkpoint(), path)
+            save_checkpoint(self.checkpoint(rngs), path)
         return path
 
     # ----- logging and the board -----

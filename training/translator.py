@@ -30,7 +30,7 @@ from models.masks import padding_mask_from_ids
 from models.search import Hypothesis, search
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
 from training.checkpoint import load_model
-from training.device import pick_device
+from training.device import decode_precision, pick_device, precision_name, use_precision
 from training.evaluate import detokenize
 
 log = logging.getLogger(__name__)
@@ -76,17 +76,22 @@ def default_alpha(payload: Dict[str, Any]) -> float:
 
 
 class TorchEngine:
-    """Our own search (``models.search``) over a model on one device: the engine of a checkpoint."""
+    """Our own search (``models.search``) over a model on one device: the engine of a checkpoint.
 
-    def __init__(self, model: nn.Module, device: torch.device):
+    ``amp`` and ``tf32``: the precision of ``training.device.use_precision``, as in training."""
+
+    def __init__(self, model: nn.Module, device: torch.device, amp: bool = False, tf32: bool = False):
         self.model, self.device = model.eval(), device
         self.max_positions: Optional[int] = getattr(model, "max_positions", None)  # None: no limit
+        self.autocast = use_precision(device, amp, tf32)
+        self.dtype = precision_name(device, amp, tf32)
 
     def decode(self, batch: List[List[int]], **options: Any) -> List[List[Hypothesis]]:
         """The n-best hypotheses of a batch of source id lists (``options``: of ``models.search.search``)."""
         src = pad(batch, PAD_ID).to(self.device)  # (B, S)
         src_mask = padding_mask_from_ids(src, PAD_ID)  # (B, S)
-        return search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
+        with self.autocast():
+            return search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
 
 
 class Translator:
@@ -102,18 +107,33 @@ class Translator:
         self.engine, self.tokenizer = engine, tokenizer
         self.alpha = alpha  # the default length penalty of ``translate``
 
+    @property
+    def dtype(self) -> str:
+        """The precision of the engine's decoding: ``float32``, ``tf32``, ``bfloat16``, or CTranslate2's
+        compute type."""
+        return self.engine.dtype
+
     @classmethod
     def from_checkpoint(
-        cls, path: Union[str, Path], device: Union[None, str, torch.device] = None
+        cls,
+        path: Union[str, Path],
+        device: Union[None, str, torch.device] = None,
+        dtype: Optional[str] = None,
     ) -> "Translator":
         """Load a checkpoint of train.py (``training.checkpoint.CheckpointError`` when it cannot).
 
         ``device``: None or ``"auto"`` (CUDA when there is one), ``"cpu"``, ``"cuda:N"`` or a torch
-        device. The default length penalty is the run's ``trainer.length_penalty``, else 1.0.
+        device. ``dtype``: None or ``"auto"`` decodes in the precision the run was trained and tested
+        in (bf16 autocast on CUDA when its ``trainer.amp``, TF32 when its ``trainer.tf32``), as its
+        ``results.json`` scores were; ``"float32"`` or ``"bfloat16"`` choose (bf16: CUDA only). The
+        default length penalty is the run's ``trainer.length_penalty``, else 1.0.
         """
         device = pick_device("auto" if device is None else str(device))
+        if dtype == "bfloat16" and device.type != "cuda":
+            raise ValueError(f"dtype bfloat16 decodes on CUDA only, not on {device}: use float32 or auto")
         model, tokenizer, payload = load_model(Path(path), device)
-        return cls(TorchEngine(model, device), tokenizer, default_alpha(payload))
+        precision = decode_precision(dtype, payload.get("config") or {})
+        return cls(TorchEngine(model, device, **precision), tokenizer, default_alpha(payload))
 
     def translate(
         self,

@@ -1,0 +1,252 @@
+"""scripts/gpu_check.py without a GPU and without the network: the bundle (the download replaced by
+local files), its size limit, the wheels it takes, a step's time limit, and the report assembled
+from given pieces."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, assert_one_error_line, load_script, write_lines
+
+gpu_check = load_script("gpu_check")
+
+WHEELS = {
+    "hydra_core-1.3.8-py3-none-any.whl": 1000,
+    "omegaconf-2.3.1-py3-none-any.whl": 1000,
+    "antlr4_python3_runtime-4.9.3-py3-none-any.whl": 1000,
+    "ctranslate2-4.8.5-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl": 5000,
+}
+DATA_FILES = [f"{split}.{lang}" for split in ("train", "val", "test_2016_flickr") for lang in ("de", "en")]
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    """A raw-layout folder: the six files the check reads, and two it leaves (French, another test set)."""
+    folder = tmp_path / "multi30k"
+    folder.mkdir()
+    for name in [*DATA_FILES, "train.fr", "test_2017_flickr.de"]:
+        write_lines(folder / name, ["Ein Mann.", "Zwei Hunde."])
+    return folder
+
+
+@pytest.fixture
+def downloads(monkeypatch, tmp_path):
+    """``fetch_wheels`` writes ``WHEELS`` (name: bytes, sparse) instead of asking PyPI; the sizes can
+    be changed by the test. Temporary folders go to ``tmp_path / "tmp"``."""
+    sizes = dict(WHEELS)
+    asked = []
+
+    def fetch(folder: Path, ctranslate2: bool) -> None:
+        asked.append(ctranslate2)
+        for name, size in sizes.items():
+            if ctranslate2 or not name.startswith("ctranslate2"):
+                with open(folder / name, "wb") as wheel:
+                    wheel.truncate(size)
+
+    monkeypatch.setattr(gpu_check, "fetch_wheels", fetch)
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    return sizes, asked
+
+
+def script(capsys, *args) -> subprocess.CompletedProcess:
+    """``gpu_check.main(ARGS)`` in this process; its exit code and output, as a subprocess's."""
+    code = gpu_check.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_prepare_makes_a_bundle_of_the_wheels_the_data_and_a_manifest(downloads, data, tmp_path, capsys):
+    out = tmp_path / "bundle"
+    done = script(capsys, "prepare", "--out", out, "--data", data)
+    assert done.returncode == 0, done.stderr
+    content = json.loads((out / "manifest.json").read_text())
+    assert sorted(Path(e["file"]).name for e in content["wheels"]) == sorted(WHEELS)
+    assert sorted(Path(e["file"]).name for e in content["data"]) == sorted(DATA_FILES)
+    assert sorted(p.name for p in (out / "data" / "multi30k").iterdir()) == sorted(DATA_FILES)
+    total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.name != "manifest.json")
+    assert content["total_bytes"] == total and f"{total / 2**20:.1f} MiB of 60" in done.stdout
+    assert list((tmp_path / "tmp").iterdir()) == []  # the staging folder is gone
+    again = script(capsys, "prepare", "--out", out, "--data", data, "--no-ctranslate2")
+    assert again.returncode == 0 and downloads[1] == [True, False]  # an earlier bundle is replaced
+    assert not any(p.name.startswith("ctranslate2") for p in (out / "wheels").iterdir())
+
+
+def test_a_bundle_over_60_mib_is_refused_in_one_line_and_leaves_nothing(downloads, data, tmp_path, capsys):
+    sizes, _ = downloads
+    sizes[next(name for name in sizes if name.startswith("ctranslate2"))] = 61 * 2**20
+    out = tmp_path / "bundle"
+    done = script(capsys, "prepare", "--out", out, "--data", data)
+    assert_one_error_line(done, "the bundle would be 61.0 MiB, over the 60 MiB")
+    assert "--no-ctranslate2" in done.stderr
+    assert not out.exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_prepare_refuses_a_folder_of_something_else_and_a_missing_split(downloads, data, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine\n")
+    assert_one_error_line(
+        script(capsys, "prepare", "--out", other, "--data", data), "is not a bundle of this script"
+    )
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    (data / "val.en").unlink()
+    assert_one_error_line(
+        script(capsys, "prepare", "--out", tmp_path / "b", "--data", data), "has no val.en[.gz]"
+    )
+    assert_one_error_line(
+        script(capsys, "prepare", "--out", tmp_path / "b", "--data", tmp_path / "none"), "does not exist"
+    )
+
+
+def test_prepare_without_data_says_how_to_give_it(downloads, monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("MULTI30K_DIR", raising=False)
+    assert_one_error_line(script(capsys, "prepare", "--out", tmp_path / "b"), "give --data DIR")
+
+
+@pytest.mark.parametrize(
+    "name, fits",
+    [
+        ("hydra_core-1.3.8-py3-none-any.whl", True),
+        ("six-1.16.0-py2.py3-none-any.whl", True),
+        ("ctranslate2-4.8.5-cp312-cp312-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl", True),
+        ("pkg-1.0-1-cp312-abi3-manylinux2014_x86_64.whl", True),
+        ("ctranslate2-4.8.5-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl", False),
+        ("ctranslate2-4.8.5-cp312-cp312-manylinux_2_27_aarch64.manylinux_2_28_aarch64.whl", False),
+        ("ctranslate2-4.8.5-cp312-cp312-macosx_11_0_arm64.whl", False),
+        ("ctranslate2-4.8.5-cp312-cp312-musllinux_1_2_x86_64.whl", False),
+        ("antlr4-python3-runtime-4.9.3.tar.gz", False),
+    ],
+)
+def test_only_wheels_for_cpython_312_on_x86_64_linux_are_taken(name, fits):
+    assert gpu_check.wheel_fits(name) is fits
+
+
+def test_the_pins_are_those_of_requirements_txt_and_torch_is_never_brought():
+    pins = dict(
+        line.split("==")
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    bundled = {**gpu_check.PURE, **gpu_check.BUILT, **gpu_check.NATIVE}
+    assert bundled["hydra-core"] == pins["hydra-core"] and bundled["ctranslate2"] == pins["ctranslate2"]
+    assert "torch" not in bundled
+
+
+def child_ends(pid: int, seconds: float = 10) -> bool:
+    """Whether process ``pid`` is gone (or dead, not yet reaped) within ``seconds``: a SIGKILL
+    takes effect a moment after it is sent."""
+    stat = Path(f"/proc/{pid}/stat")
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_step_past_its_time_limit_is_killed_with_what_it_started():
+    """The command and its own child (as pytest starts translate.py) end at the limit; the output so
+    far is kept."""
+    code = textwrap.dedent(
+        """
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        print(child.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    tick = time.monotonic()
+    step = gpu_check.run_step("slow", [sys.executable, "-c", code], {}, timeout=2)
+    assert step.timed_out and not step.ok and time.monotonic() - tick < 20
+    assert child_ends(int(step.output.split()[0]))
+    assert "stopped at its time limit" in gpu_check.outcome(step)
+    quick = gpu_check.run_step("quick", [sys.executable, "-c", "print('done'); raise SystemExit(3)"], {}, 20)
+    assert (quick.returncode, quick.output, quick.timed_out) == (3, "done\n", False)
+
+
+def test_the_facts_line_is_found_among_warnings():
+    output = 'UserWarning: something\n{"python": "3.12.3", "gpus": []}\nwarning at exit\n'
+    assert gpu_check.parse_facts(output) == {"python": "3.12.3", "gpus": []}
+    assert gpu_check.parse_facts("Traceback (most recent call last):\n") == {}
+
+
+PYTEST_OUTPUT = """\
+.F..s
+============================= slowest 5 durations ==============================
+61.20s setup    tests/test_gpu.py::test_model_family_learns_on_cuda[rnn-bf16]
+=========================== short test summary info ============================
+PASSED tests/test_gpu.py::test_model_family_learns_on_cuda[rnn-bf16]
+SKIPPED [1] tests/test_gpu.py:280: needs 2 GPUs
+FAILED tests/test_gpu.py::test_translate_py_runs_on_cuda[bfloat16] - AssertionError: BLEU 12.0
+1 failed, 3 passed, 1 skipped in 201.50s (0:03:21)
+"""
+
+FACTS = {
+    "python": "3.12.3",
+    "cpu": "16 cores (x86_64)",
+    "packages": {"hydra-core": "1.3.8", "omegaconf": "2.3.1", "ctranslate2": "4.8.5", "sacrebleu": "2.5.1"},
+    "torch": "2.11.0+cu130",
+    "cuda": "13.0",
+    "cudnn": 91300,
+    "nccl": "2.27.7",
+    "cuda_available": True,
+    "gpus": ["NVIDIA H100 80GB HBM3, 79.2 GiB, compute capability 9.0"],
+    "driver": "580.159.04",
+    "ctranslate2": {"gpus": 1, "missing": ["libcublas.so.12"]},
+}
+
+
+def test_pytest_summary_is_the_short_summary_and_the_final_line():
+    assert gpu_check.pytest_summary(PYTEST_OUTPUT) == PYTEST_OUTPUT.splitlines()[-4:]
+    assert gpu_check.pytest_summary("collecting ...\nline 2\n") == ["collecting ...", "line 2"]
+
+
+def test_the_report_is_assembled_from_its_pieces():
+    Step = gpu_check.Step
+    tests = Step("tests", [sys.executable, "-m", "pytest", "-m", "gpu"], 1, 201.5, PYTEST_OUTPUT)
+    steps = [
+        Step("install", ["pip"], 0, 8.2),
+        Step("facts", ["facts"], 0, 3.0),
+        tests,
+        Step("benchmark", ["bench"], 0, 80.0, "log"),
+    ]
+    table = "| model | params |\n| --- | ---: |\n| rnn | 4,216,064 |\n"
+    report = gpu_check.render_report(FACTS, steps, table, 300.0)
+    assert report.startswith("# GPU check: FAILED\n")
+    for expected in [
+        "| GPU | NVIDIA H100 80GB HBM3, 79.2 GiB, compute capability 9.0 |",
+        "| driver | 580.159.04 |",
+        "| torch | 2.11.0+cu130: CUDA 13.0, cuDNN 91300, NCCL 2.27.7 |",
+        "| CTranslate2 | 4.8.5: sees 1 GPU(s); CUDA libraries missing: libcublas.so.12 |",
+        "hydra-core 1.3.8, omegaconf 2.3.1, ctranslate2 4.8.5",
+        "| tests | failed (exit 1) | 202 |",
+        "| install | ok | 8 |",
+        "`python -m pytest -m gpu`",
+        "FAILED tests/test_gpu.py::test_translate_py_runs_on_cuda[bfloat16] - AssertionError: BLEU 12.0",
+        "1 failed, 3 passed, 1 skipped in 201.50s (0:03:21)",
+        "<details><summary>pytest output</summary>",
+        "## Training throughput\n\n| model | params |",
+        "300 s in all",
+    ]:
+        assert expected in report, expected
+    tests.returncode = 0
+    assert gpu_check.render_report(FACTS, steps, table, 300.0).startswith("# GPU check: PASSED\n")
+    skipped = [steps[0], steps[1], gpu_check.not_run("tests", "no CUDA device")]
+    report = gpu_check.render_report({**FACTS, "gpus": []}, skipped, None, 5.0)
+    assert report.startswith("# GPU check: FAILED\n") and "| tests | not run (no CUDA device) | 0 |" in report
+    assert "| GPU | none visible to torch |" in report and "## Tests" not in report
+
+
+def test_run_refuses_a_folder_without_a_manifest(tmp_path, capsys):
+    done = script(capsys, "run", "--bundle", tmp_path, "--report", tmp_path / "report.md")
+    assert_one_error_line(done, "holds no manifest.json")
+    assert not (tmp_path / "report.md").exists()
