@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import queue
 import signal
-import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -110,24 +109,17 @@ def receive_ids(chunk: Chunk, worker: Worker) -> Tuple[Chunk, TokenArrays, Token
     return (chunk, *answer)
 
 
-def cuda_initialised() -> bool:
-    """Whether this process has started CUDA (through torch, if torch is loaded at all)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_initialized()
-
-
-def start_method(available: Sequence[str], cuda_started: bool) -> str:
-    """Fork where there is fork (quick to start, nothing to re-import: the children run
-    SentencePiece and NumPy only, never torch); spawn elsewhere, and in a process that has started
-    CUDA or NCCL (a training on a GPU): a fork copies their state, whose threads and handles the
-    child does not have."""
-    return "fork" if "fork" in available and not cuda_started else "spawn"
+def start_method(available: Sequence[str]) -> str:
+    """Fork where there is fork (quick to start, nothing to re-import), else spawn. Forked from a
+    training that has started CUDA (and NCCL), a worker never touches either: it runs
+    SentencePiece and NumPy only (torch refuses CUDA in such a child: an error, not a hang)."""
+    return "fork" if "fork" in available else "spawn"
 
 
 def start_workers(n: int, state: Dict[str, Optional[bytes]], method: Optional[str] = None) -> List[Worker]:
     """``n`` started workers, each with its own pair of pipes, started by ``method`` (None:
     ``start_method`` of this process)."""
-    method = method or start_method(multiprocessing.get_all_start_methods(), cuda_initialised())
+    method = method or start_method(multiprocessing.get_all_start_methods())
     fork = method == "fork"
     context = multiprocessing.get_context(method)
     pool: List[Worker] = []

@@ -56,7 +56,8 @@ def collated(batches: Sequence[np.ndarray], collate: Collate, workers: int) -> I
 
     The workers are forked after a GPU training has started CUDA (and NCCL), so they never touch
     either: they build CPU tensors, which the training process pins and copies (``Batch.to``);
-    torch refuses CUDA in a forked child outright, an error rather than a hang."""
+    torch refuses CUDA in a forked child outright, an error rather than a hang (the token store's
+    encoding workers follow the same rule, ``data/encoding.py``)."""
     if workers == 0:
         yield from map(collate, batches)
         return

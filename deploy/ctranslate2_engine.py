@@ -94,7 +94,8 @@ def choose_device(device: str, gpus: int, missing: Sequence[str]) -> Tuple[str, 
     if kind == "cuda" and missing:
         raise ValueError(
             f"device {device!r}: CTranslate2 {ctranslate2.__version__} cannot load {', '.join(missing)} "
-            "(CUDA 12's cuBLAS) here: install it (pip install nvidia-cublas-cu12) or use --device cpu"
+            "(CUDA 12's cuBLAS) here: install it where the loader finds it (e.g. pip install nvidia-cublas-cu12 "
+            "and its nvidia/cublas/lib folder on LD_LIBRARY_PATH) or use --device cpu"
         )
     return kind, int(index or 0)
 
@@ -131,7 +132,7 @@ class CTranslate2Engine:
             )
         except (RuntimeError, ValueError, OSError) as error:  # a damaged model.bin, config or vocabulary
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            remedy = "use --device cpu" if kind == "cuda" else "export the checkpoint again"
+            remedy = "export the checkpoint again" + (" or use --device cpu" if kind == "cuda" else "")
             raise ExportError(f"CTranslate2 cannot load {folder} on {kind} ({first}): {remedy}") from None
         self.max_positions = max_positions
         self.dtype = f"ctranslate2 {getattr(self.translator, 'compute_type', compute_type)}"

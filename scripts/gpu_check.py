@@ -12,7 +12,8 @@ on x86-64 Linux (hydra-core and the omegaconf and antlr4 runtime it needs; antlr
 PyPI, so it is built here; ctranslate2 unless ``--no-ctranslate2``; never torch, which the GPU
 machine brings for its CUDA), the Multi30k de/en splits the check reads, and ``manifest.json``.
 It refuses a bundle over 60 MiB (what reaches the GPU machine is at most 64 MiB, the
-repository included). ``--data`` defaults to ``$MULTI30K_DIR``.
+repository included). ``--data`` defaults to ``$MULTI30K_DIR``; ``--wheels DIR`` takes the wheels
+from a folder (an earlier bundle's ``wheels/``) instead of downloading them.
 
 ``run`` installs the wheels into ``BUNDLE/site`` (``pip install --no-index --no-deps --target``),
 puts that folder on the ``PYTHONPATH`` of the processes it starts, records the machine and the
@@ -39,8 +40,9 @@ from typing import Any, Dict, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-LIMIT_MIB = 60  # what reaches the GPU machine (64 MiB) less room for the repository itself
-# The GPU machine's Python and platform (/work/.library/device/KINDS.md: CPython 3.12, x86-64).
+LIMIT_MIB = 60  # default --max-mib: a 64 MiB transfer to the GPU machine less room for the repository
+# The GPU machine's Python and platform the bundle is made for: CPython 3.12 on x86-64 Linux (the
+# machines this check was written for); another Python needs other native wheels (CTranslate2).
 TARGET = (
     "--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 "
     "--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
@@ -134,8 +136,8 @@ def size_problem(total_bytes: int, limit_mib: int = LIMIT_MIB) -> Optional[str]:
     if total_bytes <= limit_mib * 2**20:
         return None
     return (
-        f"the bundle would be {total_bytes / 2**20:.1f} MiB, over the {limit_mib} MiB that travel to the GPU "
-        "machine beside the repository: leave out CTranslate2 (--no-ctranslate2)"
+        f"the bundle would be {total_bytes / 2**20:.1f} MiB, over the {limit_mib} MiB of --max-mib: "
+        "leave out CTranslate2 (--no-ctranslate2) or raise --max-mib"
     )
 
 
@@ -164,8 +166,24 @@ def manifest(bundle: Path, wheels: Sequence[Path], data: Sequence[Path]) -> Dict
     }
 
 
-def prepare(out: Path, data: Optional[str], ctranslate2: bool = True) -> Dict[str, Any]:
-    """Make the bundle ``out`` (a new folder, or an earlier bundle, which is replaced); its manifest."""
+def copy_wheels(source: Path, folder: Path, ctranslate2: bool) -> None:
+    """The wheels of ``source`` (downloaded before, e.g. by an earlier ``prepare``) into ``folder``."""
+    if not source.is_dir():
+        raise CheckError(f"wheel folder {source} does not exist")
+    for wheel in sorted(source.glob("*.whl")):
+        if ctranslate2 or not wheel.name.startswith("ctranslate2"):
+            shutil.copyfile(wheel, folder / wheel.name)
+
+
+def prepare(
+    out: Path,
+    data: Optional[str],
+    ctranslate2: bool = True,
+    wheels: Optional[Path] = None,
+    max_mib: int = LIMIT_MIB,
+) -> Dict[str, Any]:
+    """Make the bundle ``out`` (a new folder, or an earlier bundle, which is replaced); its manifest.
+    The wheels are downloaded, or taken from the folder ``wheels``."""
     if not data:
         raise CheckError("give --data DIR (a Multi30k folder in the raw layout) or set MULTI30K_DIR")
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
@@ -173,11 +191,14 @@ def prepare(out: Path, data: Optional[str], ctranslate2: bool = True) -> Dict[st
     staging = Path(tempfile.mkdtemp(prefix="gpu_check."))  # outside the repository until complete
     try:
         (staging / "wheels").mkdir()
-        fetch_wheels(staging / "wheels", ctranslate2)
+        if wheels is None:
+            fetch_wheels(staging / "wheels", ctranslate2)
+        else:
+            copy_wheels(wheels, staging / "wheels", ctranslate2)
         wheels = check_wheels(staging / "wheels")
         copied = copy_data(Path(data), staging / DATA)
         content = manifest(staging, wheels, copied)
-        problem = size_problem(content["total_bytes"])
+        problem = size_problem(content["total_bytes"], max_mib)
         if problem:
             raise CheckError(problem)
         (staging / MANIFEST).write_text(json.dumps(content, indent=1) + "\n")
@@ -507,6 +528,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     prep.add_argument(
         "--no-ctranslate2", action="store_true", help="leave CTranslate2 out (its test is skipped)"
     )
+    prep.add_argument(
+        "--wheels",
+        type=Path,
+        help="take the wheels from this folder instead of downloading them (e.g. an earlier bundle's wheels/)",
+    )
+    prep.add_argument("--max-mib", type=int, default=LIMIT_MIB, help="refuse a bundle larger than this (MiB)")
     check = commands.add_parser("run", help="run the check (on the GPU machine, from the repository root)")
     check.add_argument("--bundle", type=Path, default=ROOT / ".gpu_check", help="the folder prepare made")
     check.add_argument("--report", type=Path, required=True, help="the Markdown report to write")
@@ -522,13 +549,13 @@ def main(argv=None) -> int:
             return 0
         if args.command == "run":
             return run_check(args.bundle, args.report)
-        content = prepare(args.out, args.data, not args.no_ctranslate2)
+        content = prepare(args.out, args.data, not args.no_ctranslate2, args.wheels, args.max_mib)
     except (CheckError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     listed = ", ".join(Path(entry["file"]).name for entry in content["wheels"])
     size = content["total_bytes"] / 2**20
-    print(f"{args.out}: {size:.1f} MiB of {LIMIT_MIB}: {listed}; {len(content['data'])} data files")
+    print(f"{args.out}: {size:.1f} MiB of {args.max_mib}: {listed}; {len(content['data'])} data files")
     return 0
 
 

@@ -4,7 +4,8 @@
 # no test may depend on them. Each set is one pytest run; the first failing set stops the script.
 #   bash scripts/test_kernels.sh [PYTEST OPTIONS]     (make test-kernels PYTEST_ARGS=...)
 # A set can only take the kernels of a CPU this one can run (an older ISA, fewer threads): an AVX2
-# machine cannot show what AVX-512 computes.
+# machine cannot show what AVX-512 computes. The ISA names are x86-64's; elsewhere only the last set
+# changes anything.
 set -euo pipefail
 VPY=${VPY:-.venv/bin/python}
 sets=(
@@ -22,6 +23,6 @@ for entry in "${sets[@]}"; do
   fi
   start=$(date +%s)
   # shellcheck disable=SC2086
-  env $vars "${prefix[@]}" "$VPY" -m pytest -p no:cacheprovider "$@"
+  env $vars ${prefix[@]+"${prefix[@]}"} "$VPY" -m pytest -p no:cacheprovider "$@"
   echo "== kernel set $name passed in $(($(date +%s) - start)) s"
 done

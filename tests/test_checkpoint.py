@@ -156,14 +156,20 @@ def test_rng_states_survive_a_checkpoint(tmp_path):
 
 def test_cuda_generators_restore_onto_fewer_or_more_gpus():
     saved = [torch.full((16,), i, dtype=torch.uint8) for i in range(4)]  # a state per GPU of the saver
-    kept, lost = cuda_states_to_restore(saved, visible=4)
+    kept, lost = cuda_states_to_restore(saved, visible=4, used=2)
     assert [int(s[0]) for s in kept] == [0, 1, 2, 3] and lost == ""
-    kept, lost = cuda_states_to_restore(saved, visible=1)  # set_rng_state_all would fail here
-    assert [int(s[0]) for s in kept] == [0] and "4 GPUs, this process sees 1" in lost
-    kept, lost = cuda_states_to_restore(saved[:1], visible=2)
-    assert [int(s[0]) for s in kept] == [0] and "GPUs 1.. start afresh" in lost
-    kept, lost = cuda_states_to_restore(saved, visible=0)
-    assert kept == [] and "sees none" in lost
+    # one GPU here (set_rng_state_all would fail): GPU 0's state, all that a process on it draws from
+    kept, lost = cuda_states_to_restore(saved, visible=1, used=0)
+    assert [int(s[0]) for s in kept] == [0] and lost == ""
+    kept, lost = cuda_states_to_restore(saved[:1], visible=4, used=3)  # saved where one GPU was seen
+    assert [int(s[0]) for s in kept] == [0] and lost == (
+        "the checkpoint holds the generators of 1 GPU(s), none for GPU 3: it starts a new one"
+    )
+    assert cuda_states_to_restore([], visible=1, used=0) == (
+        [],
+        "the checkpoint holds the generators of 0 GPU(s), none for GPU 0: it starts a new one",
+    )
+    assert cuda_states_to_restore(saved, visible=0, used=None) == ([], "")  # resumed on the CPU
 
 
 def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tmp_path):
@@ -171,13 +177,8 @@ def test_a_checkpoint_saved_on_a_gpu_resumes_on_the_cpu(tmp_path):
     states["cuda"] = [torch.zeros(16, dtype=torch.uint8)]  # as a CUDA machine saves them
     expected = torch.rand(3)
     save_checkpoint({"model": {}, "model_config": {}, "rng": states}, tmp_path / "c.pt")
-    lost = set_rng_states(load_checkpoint(tmp_path / "c.pt")["rng"])
-    assert torch.equal(torch.rand(3), expected)
-    assert lost == (
-        []
-        if torch.cuda.is_available()
-        else ["the checkpoint holds the generators of 1 GPU(s) and this process sees none"]
-    )
+    lost = set_rng_states(load_checkpoint(tmp_path / "c.pt")["rng"], torch.device("cpu"))
+    assert torch.equal(torch.rand(3), expected) and lost == []
 
 
 def test_keep_recent_keeps_the_newest_as_hard_links_of_last(tmp_path):

@@ -1,6 +1,8 @@
 """Where the model runs (training/device.py): one GPU per rank or none, and one precision rule for
 training, the test decoding and translate.py."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -8,8 +10,10 @@ from training.device import (
     cuda_index,
     decode_precision,
     pick_device,
+    precision_flags,
     precision_name,
     run_precision,
+    set_tf32,
     use_precision,
 )
 
@@ -48,22 +52,33 @@ def test_the_precision_rule():
     assert precision_name(cuda, amp=False, tf32=True) == "tf32"
     assert precision_name(cuda, amp=False, tf32=False) == "float32"
     assert precision_name(cpu, amp=True, tf32=True) == "float32"  # the CPU trains and decodes in float32
-    assert use_precision(cpu, amp=True, tf32=True) is not None
-    with use_precision(cpu, amp=True, tf32=True)():
-        assert not torch.is_autocast_enabled("cpu")
+    assert use_precision(cpu, amp=True, tf32=True) is nullcontext
+    assert {precision_flags(name)["amp"] for name in ("float32", "tf32")} == {False}
+    assert precision_flags("bfloat16") == {"amp": True, "tf32": False}
 
 
-def test_translation_decodes_as_the_run_was_tested_unless_told_otherwise():
-    amp_run = {"trainer": {"amp": True, "tf32": True}}
-    assert decode_precision(None, amp_run) == {"amp": True, "tf32": True}
-    assert decode_precision("auto", amp_run) == run_precision(amp_run)
-    assert decode_precision("float32", amp_run) == {"amp": False, "tf32": False}
-    assert decode_precision("bfloat16", {"trainer": {"amp": False, "tf32": False}}) == {
-        "amp": True,
-        "tf32": False,
-    }
-    # a run from before trainer.tf32 ran its products in full float32
-    assert run_precision({"trainer": {"amp": False}}) == {"amp": False, "tf32": False}
+def test_tf32_is_set_inside_a_forward_pass_and_put_back_after():
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        set_tf32(False)
+        with use_precision(torch.device("cuda", 0), amp=False, tf32=True)():
+            assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_translation_decodes_as_the_run_was_validated_unless_told_otherwise():
+    cuda_amp = {"precision": "bfloat16", "config": {"trainer": {"amp": True, "tf32": True}}}
+    assert decode_precision(None, cuda_amp) == {"amp": True, "tf32": False}
+    assert decode_precision("auto", cuda_amp) == run_precision(cuda_amp)
+    assert decode_precision("float32", cuda_amp) == {"amp": False, "tf32": False}
+    # trained on the CPU with trainer.amp (the default): validated in float32, decoded so on a GPU
+    cpu_run = {"precision": "float32", "config": {"trainer": {"amp": True, "tf32": True}}}
+    assert decode_precision(None, cpu_run) == {"amp": False, "tf32": False}
+    assert decode_precision("bfloat16", cpu_run) == {"amp": True, "tf32": False}
+    # a checkpoint without its precision: its config, an absent trainer.tf32 off
+    assert run_precision({"config": {"trainer": {"amp": False}}}) == {"amp": False, "tf32": False}
     assert run_precision({}) == {"amp": False, "tf32": False}
     with pytest.raises(ValueError, match="float16"):
-        decode_precision("float16", amp_run)
+        decode_precision("float16", cuda_amp)

@@ -35,23 +35,23 @@ def data(tmp_path) -> Path:
 
 
 @pytest.fixture
-def downloads(monkeypatch, tmp_path):
-    """``fetch_wheels`` writes ``WHEELS`` (name: bytes, sparse) instead of asking PyPI; the sizes can
-    be changed by the test. Temporary folders go to ``tmp_path / "tmp"``."""
-    sizes = dict(WHEELS)
-    asked = []
-
-    def fetch(folder: Path, ctranslate2: bool) -> None:
-        asked.append(ctranslate2)
-        for name, size in sizes.items():
-            if ctranslate2 or not name.startswith("ctranslate2"):
-                with open(folder / name, "wb") as wheel:
-                    wheel.truncate(size)
-
-    monkeypatch.setattr(gpu_check, "fetch_wheels", fetch)
+def wheels(tmp_path):
+    """A folder of ``WHEELS`` (name: bytes, sparse files) for ``prepare --wheels`` (no PyPI in a
+    test); ``sizes`` changes a size. Temporary folders go to ``tmp_path / "tmp"``."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
-    return sizes, asked
+
+    def write(sizes):
+        for name, size in sizes.items():
+            with open(folder / name, "wb") as wheel:
+                wheel.truncate(size)
+        return folder
+
+    write(WHEELS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+        yield write
 
 
 def script(capsys, *args) -> subprocess.CompletedProcess:
@@ -61,9 +61,9 @@ def script(capsys, *args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out, err)
 
 
-def test_prepare_makes_a_bundle_of_the_wheels_the_data_and_a_manifest(downloads, data, tmp_path, capsys):
+def test_prepare_makes_a_bundle_of_the_wheels_the_data_and_a_manifest(wheels, data, tmp_path, capsys):
     out = tmp_path / "bundle"
-    done = script(capsys, "prepare", "--out", out, "--data", data)
+    done = script(capsys, "prepare", "--out", out, "--data", data, "--wheels", wheels({}))
     assert done.returncode == 0, done.stderr
     content = json.loads((out / "manifest.json").read_text())
     assert sorted(Path(e["file"]).name for e in content["wheels"]) == sorted(WHEELS)
@@ -72,39 +72,44 @@ def test_prepare_makes_a_bundle_of_the_wheels_the_data_and_a_manifest(downloads,
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.name != "manifest.json")
     assert content["total_bytes"] == total and f"{total / 2**20:.1f} MiB of 60" in done.stdout
     assert list((tmp_path / "tmp").iterdir()) == []  # the staging folder is gone
-    again = script(capsys, "prepare", "--out", out, "--data", data, "--no-ctranslate2")
-    assert again.returncode == 0 and downloads[1] == [True, False]  # an earlier bundle is replaced
+    again = script(
+        capsys, "prepare", "--out", out, "--data", data, "--no-ctranslate2", "--wheels", wheels({})
+    )
+    assert again.returncode == 0  # an earlier bundle is replaced
     assert not any(p.name.startswith("ctranslate2") for p in (out / "wheels").iterdir())
 
 
-def test_a_bundle_over_60_mib_is_refused_in_one_line_and_leaves_nothing(downloads, data, tmp_path, capsys):
-    sizes, _ = downloads
-    sizes[next(name for name in sizes if name.startswith("ctranslate2"))] = 61 * 2**20
+def test_a_bundle_over_60_mib_is_refused_in_one_line_and_leaves_nothing(wheels, data, tmp_path, capsys):
+    big = next(name for name in WHEELS if name.startswith("ctranslate2"))
     out = tmp_path / "bundle"
-    done = script(capsys, "prepare", "--out", out, "--data", data)
+    done = script(capsys, "prepare", "--out", out, "--data", data, "--wheels", wheels({big: 61 * 2**20}))
     assert_one_error_line(done, "the bundle would be 61.0 MiB, over the 60 MiB")
     assert "--no-ctranslate2" in done.stderr
     assert not out.exists() and list((tmp_path / "tmp").iterdir()) == []
 
 
-def test_prepare_refuses_a_folder_of_something_else_and_a_missing_split(downloads, data, tmp_path, capsys):
+def test_prepare_refuses_a_folder_of_something_else_and_a_missing_split(wheels, data, tmp_path, capsys):
+    folder = wheels({})
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine\n")
     assert_one_error_line(
-        script(capsys, "prepare", "--out", other, "--data", data), "is not a bundle of this script"
+        script(capsys, "prepare", "--out", other, "--data", data, "--wheels", folder),
+        "is not a bundle of this script",
     )
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
     (data / "val.en").unlink()
     assert_one_error_line(
-        script(capsys, "prepare", "--out", tmp_path / "b", "--data", data), "has no val.en[.gz]"
+        script(capsys, "prepare", "--out", tmp_path / "b", "--data", data, "--wheels", folder),
+        "has no val.en[.gz]",
     )
     assert_one_error_line(
-        script(capsys, "prepare", "--out", tmp_path / "b", "--data", tmp_path / "none"), "does not exist"
+        script(capsys, "prepare", "--out", tmp_path / "b", "--data", tmp_path / "none", "--wheels", folder),
+        "does not exist",
     )
 
 
-def test_prepare_without_data_says_how_to_give_it(downloads, monkeypatch, tmp_path, capsys):
+def test_prepare_without_data_says_how_to_give_it(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("MULTI30K_DIR", raising=False)
     assert_one_error_line(script(capsys, "prepare", "--out", tmp_path / "b"), "give --data DIR")
 

@@ -17,7 +17,7 @@ import pytest
 
 from data.config import data_config
 from data.corpus import folder_splits
-from data.encoding import chunked, encode_chunks, encode_pairs, start_method
+from data.encoding import chunked, encode_chunks, encode_pairs
 from data.errors import DataError
 from data.pipeline import TrainText, prepare_data
 from data.store import MANIFEST
@@ -156,7 +156,7 @@ def test_a_build_cut_short_leaves_no_store(corpus, tmp_path):
     assert stores(cache) == []  # no folder, not even a temporary one
 
 
-@pytest.mark.parametrize("method", [None, "spawn"])  # spawn: as in a process that has started CUDA
+@pytest.mark.parametrize("method", [None, "spawn"])  # spawn: where there is no fork (macOS, Windows)
 def test_parallel_encoding_gives_the_serial_ids(corpus, tmp_path, method):
     tokenizer = prepare_data(config(corpus, tmp_path / "cache")).tokenizer
     text = TrainText(folder_splits(corpus, "de", "en")["train"], None)
@@ -165,12 +165,6 @@ def test_parallel_encoding_gives_the_serial_ids(corpus, tmp_path, method):
     assert sum(len(chunk) for chunk, _, _ in parts) == 3000 and len(parts) == 18
     assert np.array_equal(np.concatenate([src.ids for _, src, _ in parts]), serial_src.ids)
     assert np.array_equal(np.concatenate([tgt.lengths for _, _, tgt in parts]), serial_tgt.lengths)
-
-
-def test_workers_are_spawned_not_forked_once_cuda_has_started():
-    assert start_method(["fork", "spawn", "forkserver"], cuda_started=False) == "fork"
-    assert start_method(["fork", "spawn", "forkserver"], cuda_started=True) == "spawn"
-    assert start_method(["spawn"], cuda_started=False) == "spawn"  # macOS, Windows
 
 
 def test_a_killed_encoding_worker_fails_the_build_instead_of_hanging(corpus, tmp_path):

@@ -88,7 +88,9 @@ def average_checkpoints(paths: Sequence[Path]) -> Dict[str, Any]:
             raise CheckpointError(f"{path} has another vocabulary than {paths[-1]}")
         if payload["model"].keys() != last["model"].keys():
             raise CheckpointError(f"{path} holds other weights than {paths[-1]}")
-    averaged = {k: v for k, v in last.items() if k not in ("model", "optimizer", "rng", "ema", "format")}
+    averaged = {
+        k: v for k, v in last.items() if k not in ("model", "optimizer", "rng", "rng_ranks", "ema", "format")
+    }
     averaged["model"] = mean_state([payload["model"] for payload in payloads])
     averaged["averaged_from"] = [str(p) for p in paths]
     return averaged

@@ -11,7 +11,7 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -99,25 +99,24 @@ def rng_states() -> Dict[str, Any]:
     return states
 
 
-def cuda_states_to_restore(saved: List[torch.Tensor], visible: int) -> Tuple[List[torch.Tensor], str]:
+def cuda_states_to_restore(
+    saved: List[torch.Tensor], visible: int, used: Optional[int]
+) -> Tuple[List[torch.Tensor], str]:
     """The CUDA generator states of ``saved`` (one per GPU of the saving process) that the
-    ``visible`` GPUs of this one take, GPU ``i`` state ``i``; and what cannot be restored (empty
-    when everything can)."""
-    if len(saved) == visible:
-        return list(saved), ""
-    if visible == 0:
-        return [], f"the checkpoint holds the generators of {len(saved)} GPU(s) and this process sees none"
+    ``visible`` GPUs of this one take, GPU ``i`` state ``i``; and, when the GPU this process
+    trains on (``used``; None: the CPU) gets none, a line that says so (else empty)."""
     kept = list(saved[:visible])
-    if len(saved) > visible:
-        return kept, f"the checkpoint holds the generators of {len(saved)} GPUs, this process sees {visible}"
+    if used is None or used < len(kept):
+        return kept, ""
     return (
         kept,
-        f"the checkpoint holds the generators of {len(saved)} GPU(s), GPUs {len(saved)}.. start afresh",
+        f"the checkpoint holds the generators of {len(saved)} GPU(s), none for GPU {used}: it starts a new one",
     )
 
 
-def set_rng_states(states: Dict[str, Any]) -> List[str]:
-    """Restore the generators of ``rng_states``; what could not be restored (empty: all of it)."""
+def set_rng_states(states: Dict[str, Any], device: Optional[torch.device] = None) -> List[str]:
+    """Restore the generators of ``rng_states``; what could not be restored of those that the
+    process on ``device`` draws from (empty: all of them)."""
     import numpy as np
 
     random.setstate(states["python"])
@@ -127,10 +126,9 @@ def set_rng_states(states: Dict[str, Any]) -> List[str]:
         np.random.set_state(
             (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
         )
+    used = (device.index or 0) if device is not None and device.type == "cuda" else None
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if "cuda" not in states:
-        return ["the checkpoint holds no CUDA generator (saved without CUDA)"] if visible else []
-    kept, lost = cuda_states_to_restore(states["cuda"], visible)
+    kept, lost = cuda_states_to_restore(states.get("cuda", []), visible, used)
     for index, state in enumerate(kept):
         torch.cuda.set_rng_state(state, index)
     return [lost] if lost else []

@@ -2,34 +2,45 @@
 
 One precision rule serves training, validation, the test decoding and ``translate.py``: with
 ``amp`` the forward passes run under bf16 autocast on CUDA; otherwise, and always on the CPU,
-in float32 (TF32 matrix products on CUDA when ``trainer.tf32``).
+in float32 (TF32 matrix products on CUDA when ``trainer.tf32``). A checkpoint records the
+precision its run was validated in, and ``translate.py --dtype auto`` decodes in it.
 """
 
+import functools
 import logging
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import Any, Callable, ContextManager, Dict, Optional
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
 
 import torch
 
 log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16")  # translate.py --dtype, Translator(dtype=...)
+PRECISIONS = ("float32", "tf32", "bfloat16")  # what forward passes run in (precision_name)
 
 
-def visible_devices_narrowed() -> bool:
-    """Whether a scheduler gave this process one GPU of its own (``CUDA_VISIBLE_DEVICES`` naming
-    one device, as submitit and SLURM's ``--gpus-per-task`` set it)."""
+def gpu_of_its_own() -> bool:
+    """Whether a scheduler gave this process one GPU of its own: ``CUDA_VISIBLE_DEVICES`` names one
+    device, as submitit and SLURM's ``--gpus-per-task`` set it per task. Not under torchrun, whose
+    ranks all see the same ``CUDA_VISIBLE_DEVICES``: one device named there is one GPU for all."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    return bool(visible) and "," not in visible
+    return bool(visible) and "," not in visible and "TORCHELASTIC_RUN_ID" not in os.environ
+
+
+@functools.lru_cache(maxsize=None)
+def warn_once(message: str) -> None:
+    """``message`` as a warning, once per process (the trainer and train.py both pick the device)."""
+    log.warning("%s", message)
 
 
 def cuda_index(local_rank: int, local_world_size: int, n_gpus: int, narrowed: bool) -> Optional[int]:
     """The GPU of local rank ``local_rank`` of ``local_world_size`` ranks on a machine that shows
     ``n_gpus``; None when the ranks cannot have one GPU each (NCCL refuses two ranks on one GPU).
 
-    Each rank takes ``cuda:<local_rank>``; a process shown one GPU of its own (``narrowed``) takes it.
+    Each rank takes ``cuda:<local_rank>``; a process given one GPU of its own (``narrowed``:
+    ``gpu_of_its_own``) takes it.
     """
     if n_gpus == 0:
         return None
@@ -49,7 +60,7 @@ def pick_device(name: str, local_rank: int = 0, local_world_size: int = 1) -> to
     """
     if name in ("auto", "cuda") and torch.cuda.is_available():
         n_gpus = torch.cuda.device_count()
-        index = cuda_index(local_rank, local_world_size, n_gpus, visible_devices_narrowed())
+        index = cuda_index(local_rank, local_world_size, n_gpus, gpu_of_its_own())
         if index is not None:
             device = torch.device("cuda", index)
             torch.cuda.set_device(device)
@@ -59,13 +70,11 @@ def pick_device(name: str, local_rank: int = 0, local_world_size: int = 1) -> to
                 f"device=cuda with {local_world_size} ranks on this machine but {n_gpus} GPU(s): start at most "
                 f"{n_gpus} ranks per machine (torchrun --nproc-per-node={n_gpus}) or use device=cpu"
             )
-        log.warning(
-            "%d ranks on this machine but %d GPU(s): device=auto trains every rank on the CPU "
-            "(start --nproc-per-node=%d for the GPUs)",
-            local_world_size,
-            n_gpus,
-            n_gpus,
-        )
+        if local_rank == 0:
+            warn_once(
+                f"{local_world_size} ranks on this machine but {n_gpus} GPU(s): device=auto trains every "
+                f"rank on the CPU (start --nproc-per-node={n_gpus} for the GPUs)"
+            )
         return torch.device("cpu")
     if name == "auto":
         return torch.device("cpu")
@@ -97,31 +106,62 @@ def precision_name(device: torch.device, amp: bool, tf32: bool) -> str:
     return "bfloat16" if amp else "tf32" if tf32 else "float32"
 
 
-def run_precision(config: Dict[str, Any]) -> Dict[str, bool]:
-    """``amp`` and ``tf32`` of a run's resolved config (a checkpoint's ``config``). A run from
-    before ``trainer.tf32`` ran its float32 products in full float32."""
-    trainer = (config or {}).get("trainer") or {}
+def precision_flags(precision: str) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of a precision name of ``precision_name``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: one of {', '.join(PRECISIONS)}")
+    return {"amp": precision == "bfloat16", "tf32": precision == "tf32"}
+
+
+def run_precision(payload: Dict[str, Any]) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of the forward passes that scored a checkpoint's run: its
+    ``precision`` (where and how it was trained: a run trained on the CPU is float32 whatever its
+    ``trainer.amp``), else, for a checkpoint without one, its config's ``trainer.amp`` and
+    ``trainer.tf32`` (absent: off)."""
+    if "precision" in payload:
+        return precision_flags(payload["precision"])
+    trainer = (payload.get("config") or {}).get("trainer") or {}
     return {"amp": bool(trainer.get("amp", False)), "tf32": bool(trainer.get("tf32", False))}
 
 
-def decode_precision(dtype: Optional[str], config: Dict[str, Any]) -> Dict[str, bool]:
-    """``amp`` and ``tf32`` of decoding with ``dtype`` (``DTYPES``; None or ``auto``: as the run
-    of ``config`` was trained and tested), so that ``translate.py`` and ``results.json`` agree."""
-    run = run_precision(config)
+def decode_precision(dtype: Optional[str], payload: Dict[str, Any]) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of decoding a checkpoint ``payload`` with ``dtype`` (``DTYPES``; None or
+    ``auto``: as its run was validated and tested, so that ``translate.py`` and ``results.json``
+    agree)."""
     if dtype in (None, "auto"):
-        return run
+        return run_precision(payload)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
-    return {"amp": dtype == "bfloat16", "tf32": run["tf32"] if dtype == "bfloat16" else False}
+    return {"amp": dtype == "bfloat16", "tf32": False}
+
+
+def set_tf32(tf32: bool) -> None:
+    """TF32 for this process's CUDA matrix products and cuDNN convolutions and RNNs (or not)."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+@contextmanager
+def tf32_only_inside(tf32: bool) -> Iterator[None]:
+    """``set_tf32(tf32)`` while inside, the process's own setting back afterwards."""
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    set_tf32(tf32)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+@contextmanager
+def precision_context(amp: bool, tf32: bool) -> Iterator[None]:
+    """A forward pass on CUDA in ``precision_name``'s precision: bf16 autocast when ``amp``, and
+    TF32 products when ``tf32``; the process's settings as they were afterwards."""
+    with tf32_only_inside(tf32), torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp):
+        yield
 
 
 def use_precision(device: torch.device, amp: bool, tf32: bool) -> Callable[[], ContextManager]:
-    """Set TF32 for this process's CUDA matrix products (``tf32``) and return the factory of a
-    forward pass's autocast context: bf16 on CUDA when ``amp``, else none."""
+    """The factory of a forward pass's precision context on ``device`` (none on the CPU)."""
     if device.type != "cuda":
         return nullcontext
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    if amp:
-        return partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)
-    return nullcontext
+    return partial(precision_context, amp, tf32)

@@ -165,4 +165,5 @@ def agree_to_stop(signum: Optional[int], stopping: bool, device: torch.device) -
         return signum, stopping
     tensor = torch.tensor([signum or 0, int(stopping)], dtype=torch.int64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor[0].item()) or None, bool(tensor[1].item())
+    signal_max, stop = tensor.tolist()  # one read of the device
+    return signal_max or None, bool(stop)

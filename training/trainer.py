@@ -41,7 +41,7 @@ from training.checkpoint import (
     to_cpu,
 )
 from training.config import model_config, trainer_config
-from training.device import pick_device, precision_name, set_threads, use_precision
+from training.device import pick_device, precision_name, set_tf32, set_threads, use_precision
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
 from training.resume import adopt_best, check_resumable, remove_stale_temporaries, warn_batch_order
 from training.run_folder import resume_path, unlock_run_folder
@@ -113,7 +113,10 @@ class Trainer:
         self.model = model_for(self.model_cfg, self.data.tokenizer).to(self.device)
         self.params = count_parameters(self.model)
         self.optimizer = make_optimizer(self.model, self.tc)
-        # one precision for training, validation and the test decoding (translate.py takes the same)
+        # one precision for training, validation and the test decoding (translate.py takes the same);
+        # TF32 for the whole process, so that the backward pass has it too
+        if self.device.type == "cuda":
+            set_tf32(self.tc.tf32)
         self.autocast = use_precision(self.device, self.tc.amp, self.tc.tf32)
         self.precision = precision_name(self.device, self.tc.amp, self.tc.tf32)
         # DDP shares the parameters of self.model (saved, evaluated) and all-reduces their gradients.
@@ -175,6 +178,7 @@ class Trainer:
             "tokenizer": self.data.tokenizer.state_dict(),
             "progress": asdict(self.progress),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "precision": self.precision,  # of the validation scores: translate.py --dtype auto takes it
         }
 
     def resume(self) -> bool:
@@ -223,7 +227,7 @@ class Trainer:
                 f"the checkpoint holds the generators of {len(rngs)} rank(s), this run has {world.world_size}: "
                 "each rank takes rank 0's, so dropout masks differ from the interrupted run's"
             )
-        lost += set_rng_states(rngs[world.rank] if len(rngs) == world.world_size else rngs[0])
+        lost += set_rng_states(rngs[world.rank] if len(rngs) == world.world_size else rngs[0], self.device)
         if self.device.type == "cuda" and cudnn_rnn_dropout(self.model):
             lost.append(
                 "cuDNN keeps the RNN's dropout state out of reach: its masks after resume are new ones"

@@ -123,16 +123,17 @@ class Translator:
         """Load a checkpoint of train.py (``training.checkpoint.CheckpointError`` when it cannot).
 
         ``device``: None or ``"auto"`` (CUDA when there is one), ``"cpu"``, ``"cuda:N"`` or a torch
-        device. ``dtype``: None or ``"auto"`` decodes in the precision the run was trained and tested
-        in (bf16 autocast on CUDA when its ``trainer.amp``, TF32 when its ``trainer.tf32``), as its
-        ``results.json`` scores were; ``"float32"`` or ``"bfloat16"`` choose (bf16: CUDA only). The
+        device. ``dtype``: None or ``"auto"`` decodes in the precision the run was validated and
+        tested in (the checkpoint's ``precision``: bf16 autocast for a CUDA run with ``trainer.amp``,
+        float32 for a CPU run), as its ``results.json`` scores were; ``"float32"`` or ``"bfloat16"``
+        choose (bf16: CUDA only). The
         default length penalty is the run's ``trainer.length_penalty``, else 1.0.
         """
         device = pick_device("auto" if device is None else str(device))
         if dtype == "bfloat16" and device.type != "cuda":
-            raise ValueError(f"dtype bfloat16 decodes on CUDA only, not on {device}: use float32 or auto")
+            raise ValueError(f"--dtype bfloat16 decodes on CUDA only, not on {device}: use float32 or auto")
         model, tokenizer, payload = load_model(Path(path), device)
-        precision = decode_precision(dtype, payload.get("config") or {})
+        precision = decode_precision(dtype, payload)
         return cls(TorchEngine(model, device, **precision), tokenizer, default_alpha(payload))
 
     def translate(
