@@ -393,7 +393,9 @@ def translate_table(result: Dict[str, Any]) -> str:
         same = {r["model"]: r["decode_s"] for r in result["rows"] if r["beam"] == beam}
         if first in same and len(same) > 1 and same[first] > 0:
             speedups = ", ".join(
-                f"{m}: {same[first] / t:.2f}x" for m, t in same.items() if m != first and t > 0
+                f"{m}: {same[first] / t:.2f}x" if t > 0 else f"{m}: below start-up noise"
+                for m, t in same.items()
+                if m != first
             )
             lines.append(f"\nbeam {beam}, speed against {first}: {speedups}")
     return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, load_script
 
 pytestmark = pytest.mark.slow  # a real benchmark run (and the trained slice models)
 
@@ -62,3 +62,27 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     assert decoding["sentences_per_s"] is None or decoding["sentences_per_s"] > 0
     markdown = out.with_suffix(".md").read_text()
     assert "| rnn | " in markdown and "sentences/s" in markdown
+
+
+def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
+    """On a slow machine a short decode can time below its start-up's noise (decode s <= 0): the
+    speed line says so instead of leaving the model out."""
+    rows = [
+        dict(model="ours", engine="torch", beam=5, startup_s=2.0, decode_s=1.5, sentences_per_s=20.0),
+        dict(
+            model="int8",
+            engine="ctranslate2 int8",
+            beam=5,
+            startup_s=2.1,
+            decode_s=-0.2,
+            sentences_per_s=None,
+        ),
+    ]
+    for row in rows:
+        row.update(tokens_per_s=300.0, peak_memory_mib=200, bleu=5.0)
+    result = dict(
+        split="test_2016_flickr", batch_size=64, device="cpu", threads=1, machine="x", date="d", rows=rows
+    )
+    table = load_script("benchmark").translate_table(result)
+    assert "| int8 | ctranslate2 int8 | 5 | 2.10 | -0.20 | (below start-up noise) | - |" in table
+    assert "beam 5, speed against ours: int8: below start-up noise" in table
