@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=("auto", "float32", "bfloat16"),
         default="auto",
-        help="precision of the torch engine: auto decodes as the run was trained and tested (bf16 on CUDA "
-        "when its trainer.amp, as its results.json); bfloat16 needs CUDA",
+        help="precision of the torch engine: auto decodes as the run was validated and tested (its "
+        "results.json's decode_dtype: bf16 for a CUDA run with trainer.amp, float32 for a CPU run); "
+        "bfloat16 needs CUDA",
     )
     add("--threads", type=int, default=0, help="CPU threads (0: torch's or the engine's default)")
     add(

@@ -126,8 +126,8 @@ class Translator:
         device. ``dtype``: None or ``"auto"`` decodes in the precision the run was validated and
         tested in (the checkpoint's ``precision``: bf16 autocast for a CUDA run with ``trainer.amp``,
         float32 for a CPU run), as its ``results.json`` scores were; ``"float32"`` or ``"bfloat16"``
-        choose (bf16: CUDA only). The
-        default length penalty is the run's ``trainer.length_penalty``, else 1.0.
+        choose (bf16: CUDA only). The default length penalty is the run's ``trainer.length_penalty``,
+        else 1.0.
         """
         device = pick_device("auto" if device is None else str(device))
         if dtype == "bfloat16" and device.type != "cuda":
