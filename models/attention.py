@@ -91,21 +91,13 @@ def with_causal(mask: Optional[Tensor], n_queries: int, n_keys: int, device: tor
 
 
 def scaled_dot_product_explicit(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Optional[Tensor] = None,
-    dropout_p: float = 0.0,
-    causal: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0
 ) -> Tuple[Tensor, Tensor]:
     """``softmax(Q K^T / sqrt(d_k)) V`` written out, returning the weights too.
 
     Shapes: q ``(..., T, d_k)``, k ``(..., S, d_k)``, v ``(..., S, d_v)``, mask broadcastable to
-    ``(..., T, S)``. ``causal`` intersects the mask with ``masks.causal_mask(T)`` (needs ``T == S``).
-    Returns output ``(..., T, d_v)`` and weights ``(..., T, S)`` (before dropout).
+    ``(..., T, S)``. Returns output ``(..., T, d_v)`` and weights ``(..., T, S)`` (before dropout).
     """
-    if causal:
-        mask = with_causal(mask, q.size(-2), k.size(-2), q.device)  # (T, T) or (..., T, T)
     q = q * (1.0 / math.sqrt(q.size(-1)))  # (..., T, d_k) scaling q is cheaper than the scores
     scores = torch.matmul(q, k.transpose(-2, -1))  # (..., T, S)
     weights = masked_softmax_(scores, mask)  # (..., T, S)
@@ -127,15 +119,13 @@ def scaled_dot_product_fused(
     result for a fully masked row depends on the backend (0 on CPU in torch 2.13, NaN on others),
     so such rows are unmasked before the call and zeroed after it, exactly as the explicit path.
 
-    ``causal`` with no mask goes to the kernel as ``is_causal=True`` and no ``attn_mask``, the one
-    form that CUDA's flash-attention kernel accepts; every causal row sees at least its own key, so
-    nothing needs zeroing. ``causal`` with a mask is folded into the mask.
+    ``causal`` (with no mask: ``scaled_dot_product_attention`` folds it into a given one) goes to
+    the kernel as ``is_causal=True`` and no ``attn_mask``, the one form that CUDA's flash-attention
+    kernel accepts; every causal row sees at least its own key, so nothing needs zeroing.
     """
-    if causal and mask is None:
+    if causal:
         check_causal(q.size(-2), k.size(-2))
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (..., T, d_v)
-    if causal:
-        mask = with_causal(mask, q.size(-2), k.size(-2), q.device)  # (..., T, T)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (..., T, d_v)
     has_key = rows_with_keys(mask)  # (..., T, 1)
@@ -159,8 +149,10 @@ def scaled_dot_product_attention(
     ``T == S`` and raises ValueError otherwise. Returns output ``(..., T, d_v)`` and weights
     ``(..., T, S)`` or ``None``.
     """
+    if causal and (need_weights or mask is not None):  # a mask tensor either way: the triangle joins it
+        mask, causal = with_causal(mask, q.size(-2), k.size(-2), q.device), False  # (T, T) or (..., T, T)
     if need_weights:
-        return scaled_dot_product_explicit(q, k, v, mask, dropout_p, causal)
+        return scaled_dot_product_explicit(q, k, v, mask, dropout_p)
     return scaled_dot_product_fused(q, k, v, mask, dropout_p, causal), None
 
 

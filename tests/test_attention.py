@@ -381,7 +381,7 @@ def test_causal_flag_equals_the_explicit_causal_mask(need_weights):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     above_diagonal = ~causal_mask(T).expand_as(weights)
     assert (weights[above_diagonal] == 0).all()
-    _, flag_weights = scaled_dot_product_explicit(q, k, v, causal=True)
+    _, flag_weights = scaled_dot_product_attention(q, k, v, causal=True, need_weights=True)
     assert torch.equal(flag_weights, weights)
 
 

@@ -152,16 +152,24 @@ def tf32_only_inside(tf32: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-@contextmanager
-def precision_context(amp: bool, tf32: bool) -> Iterator[None]:
-    """A forward pass on CUDA in ``precision_name``'s precision: bf16 autocast when ``amp``, and
-    TF32 products when ``tf32``; the process's settings as they were afterwards."""
-    with tf32_only_inside(tf32), torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=amp):
-        yield
+def autocast_for(device: torch.device, amp: bool) -> Callable[[], ContextManager]:
+    """A factory of the autocast context of a forward pass: bf16 on CUDA when ``amp``, else none."""
+    if device.type == "cuda" and amp:
+        return partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)
+    return nullcontext
 
 
 def use_precision(device: torch.device, amp: bool, tf32: bool) -> Callable[[], ContextManager]:
-    """The factory of a forward pass's precision context on ``device`` (none on the CPU)."""
+    """The factory of a forward pass's precision context on ``device`` for code that shares its
+    process (the Translator): ``autocast_for``, with TF32 as ``tf32`` inside and the process's own
+    setting back after (a training sets its TF32 once, ``set_tf32``). None on the CPU."""
     if device.type != "cuda":
         return nullcontext
-    return partial(precision_context, amp, tf32)
+    autocast = autocast_for(device, amp)
+
+    @contextmanager
+    def scope() -> Iterator[None]:
+        with tf32_only_inside(tf32), autocast():
+            yield
+
+    return scope

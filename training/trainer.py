@@ -41,7 +41,7 @@ from training.checkpoint import (
     to_cpu,
 )
 from training.config import model_config, trainer_config
-from training.device import pick_device, precision_name, set_tf32, set_threads, use_precision
+from training.device import autocast_for, pick_device, precision_name, set_tf32, set_threads
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
 from training.resume import adopt_best, check_resumable, remove_stale_temporaries, warn_batch_order
 from training.run_folder import resume_path, unlock_run_folder
@@ -117,7 +117,7 @@ class Trainer:
         # TF32 for the whole process, so that the backward pass has it too
         if self.device.type == "cuda":
             set_tf32(self.tc.tf32)
-        self.autocast = use_precision(self.device, self.tc.amp, self.tc.tf32)
+        self.autocast = autocast_for(self.device, self.tc.amp)
         self.precision = precision_name(self.device, self.tc.amp, self.tc.tf32)
         # DDP shares the parameters of self.model (saved, evaluated) and all-reduces their gradients.
         self.ddp = distributed.wrap(self.model, self.world, self.device)
