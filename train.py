@@ -21,12 +21,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
+from common.checkpoint import CheckpointError
+from common.device import pick_device
 from common.files import AtomicFile
 from data.errors import DataError
 from training import distributed
-from training.checkpoint import CheckpointError
 from training.config import register_configs
-from training.device import pick_device
 from training.run import prepare, run
 from training.run_folder import RunFolderError
 from training.signals import INTERRUPTED, Interrupted

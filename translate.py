@@ -13,18 +13,18 @@ Within the tool, sentences are sorted by length and decoded ``--batch-size`` at 
   ``j``, from 0) after each translation. They come from the attention while the model produces its
   output: the RNN's additive attention, or the Transformer's last decoder layer's cross-attention
   averaged over its heads. Subword weights are summed into words and every output word is aligned
-  to its most-attended source word (``models/alignment.py``).
+  to its most-attended source word (``inference/alignment.py``).
 - ``--plot DIR``: one PNG heatmap of that word attention per sentence, words on the axes.
 - ``--engine ctranslate2 --checkpoint EXPORT_DIR``: decode with CTranslate2 (C++, int8 on CPU) over
   a folder of ``scripts/export_ctranslate2.py`` instead of our own search over a checkpoint; the
-  options and outputs are the same (``deploy/ctranslate2_engine.py`` says what it keeps equal).
+  options and outputs are the same (``inference/ctranslate2_engine.py`` says what it keeps equal).
   ``--threads N`` sets the CPU threads of either engine.
 
 Bad input (missing or foreign checkpoint, bad option, unreadable file) prints one ``error:`` line
 on standard error and exits with 1 (2 for a bad command line). Heavy libraries are imported only
 after the command line has been checked, so mistakes are reported at once.
 
-A thin command line over ``training.translator.Translator`` (the Python API): this file reads the
+A thin command line over ``inference.translator.Translator`` (the Python API): this file reads the
 input, formats the output and reports errors.
 """
 
@@ -39,7 +39,7 @@ from data.errors import DataError  # no torch: data/errors.py imports nothing
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, option_problem  # no torch either
 
 if TYPE_CHECKING:  # imported for real after the command line is checked (they need torch)
-    from training.translator import Translation, Translator
+    from inference.translator import Translation, Translator
 
 # The names of models/search_options.py's options on this command line.
 OPTION_FLAGS = {
@@ -156,7 +156,7 @@ def check_model_path(path: Path, engine: str) -> None:
     if not path.exists():
         raise UsageError(f"checkpoint {path} does not exist")
     if engine == "torch" and path.is_dir():
-        from deploy.export import INFO_FILE  # no torch
+        from inference.ctranslate2_export import INFO_FILE  # no torch
 
         hint = (
             "a CTranslate2 export: add --engine ctranslate2" if (path / INFO_FILE).is_file() else "a folder"
@@ -172,11 +172,11 @@ def check_model_path(path: Path, engine: str) -> None:
 def load_translator(args: argparse.Namespace) -> "Translator":
     """The Translator of ``--checkpoint`` on ``--device`` with ``--threads``, by ``--engine``."""
     if args.engine == "ctranslate2":
-        from deploy.ctranslate2_engine import load_translator as load_export
+        from inference.ctranslate2_engine import load_translator as load_export
 
         return load_export(args.checkpoint, args.device, args.threads)
-    from training.device import pick_device, set_threads
-    from training.translator import Translator
+    from common.device import pick_device, set_threads
+    from inference.translator import Translator
 
     if args.threads:
         set_threads(pick_device(args.device), args.threads)
@@ -212,7 +212,7 @@ def read_input(args: argparse.Namespace) -> List[str]:
 
 
 # the loggers whose warnings a user of translate.py sees: over-long inputs, a device fallen back to the CPU
-WARNING_LOGGERS = ("training.translator", "training.device", "deploy.ctranslate2_engine")
+WARNING_LOGGERS = ("inference.translator", "common.device", "inference.ctranslate2_engine")
 
 
 @contextmanager
@@ -242,8 +242,8 @@ def format_lines(index: int, source: str, result: "Translation", nbest: bool, al
     With ``alignments`` every line is 'translation, tab, pairs', also for an empty translation; only a
     blank input line stays an empty line (without ``nbest``).
     """
-    from models.alignment import pharaoh
-    from training.translator import is_blank
+    from inference.alignment import pharaoh
+    from inference.translator import is_blank
 
     lines = []
     for t in result.nbest if nbest else [result]:
@@ -258,7 +258,7 @@ def write_plots(folder: Path, results: List["Translation"], first_index: int = 0
     """One heatmap per sentence: ``<index>.png``, output words by source words, the best hypothesis."""
     import matplotlib.pyplot as plt
 
-    from training.figures import attention_figure
+    from inference.figures import attention_figure
 
     folder.mkdir(parents=True, exist_ok=True)
     width = max(4, len(str(first_index + len(results))))
@@ -352,8 +352,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
-        from deploy.export import ExportError
-        from training.checkpoint import CheckpointError
+        from common.checkpoint import CheckpointError
+        from inference.ctranslate2_export import ExportError
 
         try:
             run(args)

@@ -55,8 +55,8 @@ def inputs(args: argparse.Namespace):
 
 def main(argv=None) -> int:
     args = parse_args(argv)  # before torch is imported: --help and mistakes answer at once
+    from common.checkpoint import CheckpointError, save_checkpoint
     from training.averaging import average_checkpoints
-    from training.checkpoint import CheckpointError, save_checkpoint
 
     try:
         paths = inputs(args)

@@ -131,12 +131,12 @@ def timed_run(command: List[str]) -> Tuple[float, float]:
 
 def model_under_test(path: Path) -> Tuple[str, Any, Dict[str, Any], Optional[int]]:
     """(engine, tokenizer, languages ``{"src", "tgt"}``, parameters) of a checkpoint or an export folder."""
+    from inference.model_loading import load_model
     from models.build import count_parameters
-    from training.checkpoint import load_model
 
     if path.is_dir():
-        from deploy.ctranslate2_engine import export_tokenizer
-        from deploy.export import read_export
+        from inference.ctranslate2_engine import export_tokenizer
+        from inference.ctranslate2_export import read_export
 
         info = read_export(path)
         return (
@@ -152,8 +152,8 @@ def model_under_test(path: Path) -> Tuple[str, Any, Dict[str, Any], Optional[int
 def bench_translate(args: argparse.Namespace) -> Dict[str, Any]:
     import sacrebleu
 
-    from deploy.export import ExportError
-    from training.checkpoint import CheckpointError
+    from common.checkpoint import CheckpointError
+    from inference.ctranslate2_export import ExportError
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from deploy.export import QUANTIZATIONS  # noqa: E402  (no torch: answers --help at once)
+from inference.ctranslate2_export import QUANTIZATIONS  # noqa: E402  (no torch: answers --help at once)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,8 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from deploy.export import ExportError, export_checkpoint
-    from training.checkpoint import CheckpointError
+    from common.checkpoint import CheckpointError
+    from inference.ctranslate2_export import ExportError, export_checkpoint
 
     try:
         info = export_checkpoint(args.checkpoint, args.out_dir, args.quantization)

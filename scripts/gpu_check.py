@@ -347,7 +347,7 @@ def machine_facts() -> Dict[str, Any]:
     try:
         import ctranslate2
 
-        from deploy.ctranslate2_engine import missing_cuda_libraries
+        from inference.ctranslate2_engine import missing_cuda_libraries
 
         facts["ctranslate2"] = {
             "gpus": ctranslate2.get_cuda_device_count(),

@@ -77,12 +77,12 @@ def format_row(row: Dict[str, float]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)  # before torch is imported: --help and mistakes answer at once
+    from common.checkpoint import CheckpointError
+    from common.device import set_threads
     from data.corpus import read_lines
     from data.errors import DataError
-    from training.checkpoint import CheckpointError
-    from training.device import set_threads
+    from inference.translator import Translator
     from training.metrics import corpus_scores
-    from training.translator import Translator
 
     try:
         sources, references = read_lines(args.src), read_lines(args.ref)

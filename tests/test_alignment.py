@@ -1,8 +1,8 @@
-"""Word alignments from subword attention (models/alignment.py)."""
+"""Word alignments from subword attention (inference/alignment.py)."""
 
 import torch
 
-from models.alignment import hard_alignment, pharaoh, piece_words, pool, word_attention, word_ids
+from inference.alignment import hard_alignment, pharaoh, piece_words, pool, word_attention, word_ids
 
 
 def test_word_ids_start_a_word_at_each_marker():

@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from inference.translator import Translator
 from training.averaging import (
     ExponentialAverage,
     average_checkpoints,
@@ -14,9 +16,7 @@ from training.averaging import (
     last_checkpoints,
     mean_state,
 )
-from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from training.resume import check_resumable
-from training.translator import Translator
 
 from helpers import load_script, tiny_run
 

@@ -24,8 +24,8 @@ import pytest
 import torch
 from omegaconf.errors import ConfigKeyError
 
+from common.checkpoint import CheckpointError
 from data.errors import DataError
-from training.checkpoint import CheckpointError
 from training.run import prepare
 
 from helpers import ROOT, tiny_run

@@ -7,18 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.files import AtomicFile
 from models.config import RNNConfig
 from models.rnn import RNNModel
-from training.checkpoint import (
-    CheckpointError,
-    cuda_states_to_restore,
-    keep_recent,
-    load_checkpoint,
-    rng_states,
-    save_checkpoint,
-    set_rng_states,
-)
+from training.checkpoint import cuda_states_to_restore, keep_recent, rng_states, set_rng_states
 
 
 def payload(seed: int = 0) -> dict:

@@ -203,7 +203,11 @@ def test_model_config_of_a_plain_node_checks_the_name():
 
 @pytest.mark.parametrize(
     "experiment,src,tgt",
-    [("compare_multi30k", "de", "en"), ("compare_multi30k_en_de", "en", "de"), ("compare_multi30k_fr_en", "fr", "en")],
+    [
+        ("compare_multi30k", "de", "en"),
+        ("compare_multi30k_en_de", "en", "de"),
+        ("compare_multi30k_fr_en", "fr", "en"),
+    ],
 )
 def test_comparison_experiments_sweep_both_families_on_one_direction(experiment, src, tgt):
     cfg = compose([f"+experiment={experiment}"], hydra_config=True)

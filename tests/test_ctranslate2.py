@@ -18,14 +18,14 @@ import pytest
 import sacrebleu
 import torch
 
+from common.checkpoint import load_checkpoint, save_checkpoint
 from data.corpus import read_lines, split_files
-from deploy.ctranslate2_engine import choose_device, load_translator, missing_cuda_libraries
-from deploy.export import export_checkpoint, read_export
+from inference.ctranslate2_engine import choose_device, load_translator, missing_cuda_libraries
+from inference.ctranslate2_export import export_checkpoint, read_export
+from inference.translator import Translator
 from models.build import build_model
 from models.config import config_from_dict
 from models.search_options import output_limit
-from training.checkpoint import load_checkpoint, save_checkpoint
-from training.translator import Translator
 
 from helpers import LEARNING_PAIRS, ROOT, assert_one_error_line, load_script, translate
 
@@ -293,7 +293,7 @@ def test_translate_benchmark_compares_the_engines(checkpoint, exports, multi30k_
 
 def test_auto_falls_back_to_the_cpu_where_the_engines_cuda_libraries_do_not_load(caplog):
     # a GPU that CTranslate2 sees but cannot run on (its wheel needs CUDA 12's cuBLAS)
-    with caplog.at_level(logging.WARNING, logger="deploy.ctranslate2_engine"):
+    with caplog.at_level(logging.WARNING, logger="inference.ctranslate2_engine"):
         assert choose_device("auto", gpus=1, missing=["libcublas.so.12"]) == ("cpu", 0)
     assert "cannot load libcublas.so.12" in caplog.text and "translating on the CPU" in caplog.text
     with pytest.raises(ValueError, match=r"cannot load libcublas\.so\.12 .*use --device cpu"):

@@ -1,4 +1,4 @@
-"""Where the model runs (training/device.py): one GPU per rank or none, and one precision rule for
+"""Where the model runs (common/device.py): one GPU per rank or none, and one precision rule for
 training, the test decoding and translate.py."""
 
 from contextlib import nullcontext
@@ -6,7 +6,7 @@ from contextlib import nullcontext
 import pytest
 import torch
 
-from training.device import (
+from common.device import (
     cuda_index,
     decode_precision,
     pick_device,

@@ -171,7 +171,7 @@ def test_a_second_signal_exits_at_once_and_the_previous_last_pt_survives(multi30
 WRITER = """
 import sys, torch
 from pathlib import Path
-from training.checkpoint import save_checkpoint, load_checkpoint
+from common.checkpoint import save_checkpoint, load_checkpoint
 path = Path(sys.argv[1])
 step = load_checkpoint(path)["step"] + 1 if path.exists() else 0
 while True:  # 16 MB checkpoints, as fast as the disk takes them
@@ -185,7 +185,7 @@ def test_sigkill_during_saves_never_leaves_a_broken_checkpoint(tmp_path):
     """The real save_checkpoint, killed with SIGKILL at 6 points in its save loop: each time the
     checkpoint in place loads whole, holds the last step reported saved (or the one being saved
     when the rename had happened), and the writer goes on from it."""
-    from training.checkpoint import load_checkpoint
+    from common.checkpoint import load_checkpoint
 
     path = tmp_path / "last.pt"
     for attempt in range(6):

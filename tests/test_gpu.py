@@ -25,11 +25,11 @@ import torch
 
 from data.corpus import TRAIN
 from data.tokenizer import normalize
+from inference.decoding import translate_split
+from inference.translator import Translator
 from training import distributed
-from training.evaluate import translate_split
 from training.metrics import corpus_scores
 from training.trainer import Trainer
-from training.translator import Translator
 
 from helpers import (
     LEARNING_PAIRS,
@@ -372,8 +372,8 @@ def test_ctranslate2_translates_on_cuda_or_falls_back_to_the_cpu(cuda_run, pairs
     cuBLAS), else on the CPU with a warning; ``--device cuda`` then fails in one line that names
     the missing library."""
     ctranslate2 = pytest.importorskip("ctranslate2", reason="ctranslate2 is not installed")
-    from deploy.ctranslate2_engine import missing_cuda_libraries
-    from deploy.export import export_checkpoint
+    from inference.ctranslate2_engine import missing_cuda_libraries
+    from inference.ctranslate2_export import export_checkpoint
 
     _, checkpoint = cuda_run("transformer", True)
     export = tmp_path / "export"

@@ -9,7 +9,7 @@ gradients, the attention and decoding all work together" from "something is brok
 import pytest
 
 from data.corpus import TRAIN
-from training.evaluate import translate_split
+from inference.decoding import translate_split
 from training.metrics import corpus_scores
 
 FAMILIES = ["rnn", "transformer"]

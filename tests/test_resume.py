@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from training.checkpoint import CheckpointError
+from common.checkpoint import CheckpointError
 from training.resume import batch_order_settings, check_resumable, config_changes
 
 CONFIG = {

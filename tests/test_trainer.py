@@ -6,9 +6,9 @@ import os
 import pytest
 import torch
 
+from common.checkpoint import load_checkpoint
 from data.corpus import TRAIN
 from data.loading import collated
-from training.checkpoint import load_checkpoint
 from training.trainer import Trainer
 
 from helpers import scalars

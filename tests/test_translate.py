@@ -21,11 +21,12 @@ import pytest
 import sacrebleu
 import torch
 
+from common.checkpoint import load_checkpoint, save_checkpoint
 from data.specials import EOS_ID
 from data.tokenizer import normalize
+from inference.model_loading import load_model
+from inference.translator import Translator
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
-from training.checkpoint import load_checkpoint, load_model, save_checkpoint
-from training.translator import Translator
 
 from helpers import LEARNING_PAIRS, ROOT, assert_one_error_line, translate, translate_process
 
@@ -194,7 +195,7 @@ def test_python_api_translates_like_the_command_line(trained_slice_models, pairs
     assert bleu > 70, [
         r.text for r in greedy
     ]  # memorised pairs: a threshold, not a text that float kernels decide
-    with caplog.at_level(logging.WARNING, logger="training.translator"):
+    with caplog.at_level(logging.WARNING, logger="inference.translator"):
         translator.translate(["", " ".join([pairs[0][0]] * 150)], beam=1, max_len_ratio=0, max_len_extra=2)
     assert "line 2: " in caplog.text and "translating the first 1023" in caplog.text
     with pytest.raises(TypeError, match="list of sentences"):

@@ -11,7 +11,8 @@ from typing import Any, Dict, List, Sequence
 import torch
 from torch import Tensor, nn
 
-from training.checkpoint import CheckpointError, load_checkpoint, step_checkpoints
+from common.checkpoint import CheckpointError, load_checkpoint
+from training.checkpoint import step_checkpoints
 
 
 def ema_decay_at(decay: float, step: int) -> float:

@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 
 from common.settings import flatten
-from training.figures import attention_figure
+from inference.figures import attention_figure
 
 KINDS = {"cross": "cross-attention", "encoder_self": "encoder self-attention"}  # kind -> title
 

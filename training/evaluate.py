@@ -1,30 +1,17 @@
-"""Evaluation: teacher-forced validation loss and decoding whole splits back to text."""
+"""Evaluation: the teacher-forced validation loss and perplexity (decoding whole splits:
+``inference/decoding.py``)."""
 
 import math
 from contextlib import nullcontext
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict
 
 import torch
 from torch import nn
 
-from data.batching import Batch, ParallelDataset, TokenBucketSampler, pad
-from data.specials import BOS_ID, EOS_ID, PAD_ID
-from data.tokenizer import Tokenizer
-from models.masks import padding_mask_from_ids
-from models.search import Hypothesis, search
+from data.batching import ParallelDataset
+from data.specials import PAD_ID
+from inference.decoding import ordered_batches, src_mask_of
 from training.loss import label_smoothed_nll
-
-
-def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Batch]:
-    """Length-sorted batches of a whole split (``Batch.indices`` restore the input order)."""
-    sampler = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), batch_tokens, shuffle=False)
-    for indices in sampler:
-        yield dataset.batch(indices)
-
-
-def src_mask_of(batch: Batch) -> torch.Tensor:
-    """The source padding mask of ``batch``, from its ids (no host sync, on any device)."""
-    return padding_mask_from_ids(batch.src, PAD_ID)  # (B, S)
 
 
 @torch.no_grad()
@@ -43,66 +30,3 @@ def validation_loss(
         total, tokens = total + nll, tokens + n
     loss = float(total) / max(int(tokens), 1)
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
-
-
-@torch.no_grad()
-def decode_ids(
-    model: nn.Module,
-    dataset: ParallelDataset,
-    batch_tokens: int,
-    device: torch.device,
-    beam_size: int = 1,
-    alpha: float = 1.0,
-    autocast=nullcontext,
-) -> List[Hypothesis]:
-    """The best hypothesis of every source sentence, in the split's order (greedy when ``beam_size`` is 1)."""
-    model.eval()
-    results: List[Hypothesis] = [None] * len(dataset)  # type: ignore[list-item]
-    # Beam search runs K hypotheses per sentence: keep the batch's memory about the same.
-    for batch in ordered_batches(dataset, max(batch_tokens // max(beam_size, 1), 64)):
-        batch = batch.to(device)
-        with autocast():
-            src_mask = src_mask_of(batch)  # (B, S)
-            found = search(model, batch.src, src_mask, BOS_ID, EOS_ID, beam_size, alpha, pad_id=PAD_ID)
-        for index, hyps in zip(batch.indices.tolist(), found):
-            results[index] = hyps[0]
-    return results
-
-
-@torch.no_grad()
-def output_attention(
-    model: nn.Module, dataset: ParallelDataset, found: List[Hypothesis], device: torch.device
-) -> Tuple[Dict[str, object], List[List[int]], List[List[int]]]:
-    """Attention of the model over the first ``len(found)`` sentences of ``dataset`` while it
-    produces its own outputs ``found`` (fed back teacher-forced, EOS last when it emitted one).
-
-    Returns the model's attention (``forward(..., need_weights=True)``), the source ids (EOS
-    included) and the output ids of each sentence: the axes of the attention maps.
-    """
-    n = len(found)
-    batch = dataset.batch(range(n)).to(device)
-    out_ids = [(h.tokens + ([EOS_ID] if h.finished else [])) or [EOS_ID] for h in found]
-    tgt_in = pad([[BOS_ID] + ids[:-1] for ids in out_ids], PAD_ID).to(device)  # (B, T)
-    model.eval()
-    _, attention = model(batch.src, src_mask_of(batch), tgt_in, need_weights=True)
-    src_ids = [dataset.src[i] + [EOS_ID] for i in range(n)]
-    return attention, src_ids, out_ids
-
-
-def detokenize(tokenizer: Tokenizer, hyps: List[Hypothesis]) -> List[str]:
-    """Text of each hypothesis, on one line (a decoded line-break byte would shift a .hyp file)."""
-    return [" ".join(text.splitlines()) for text in tokenizer.decode_tgt([h.tokens for h in hyps])]
-
-
-def translate_split(
-    model: nn.Module,
-    dataset: ParallelDataset,
-    tokenizer: Tokenizer,
-    batch_tokens: int,
-    device: torch.device,
-    beam_size: int = 1,
-    alpha: float = 1.0,
-    autocast=nullcontext,
-) -> List[str]:
-    """Detokenized translations of a split, in its order."""
-    return detokenize(tokenizer, decode_ids(model, dataset, batch_tokens, device, beam_size, alpha, autocast))

@@ -13,7 +13,7 @@ from torch import nn
 
 from common.files import AtomicFile, write_lines
 from data.pipeline import PreparedData
-from training.evaluate import translate_split
+from inference.decoding import translate_split
 from training.metrics import corpus_scores, signatures
 from training.progress import Progress
 

@@ -7,8 +7,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from common.device import precision_name
 from training.config import TrainerConfig
-from training.device import precision_name
 from training.distributed import World
 
 log = logging.getLogger(__name__)

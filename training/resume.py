@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Dict
 
+from common.checkpoint import CheckpointError
 from common.settings import NOT_SETTINGS, flatten
 from data.batching import BATCH_ORDER
-from training.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from common.checkpoint import load_checkpoint, save_checkpoint
 from training import distributed
 from training.averaging import average_checkpoints, last_checkpoints
-from training.checkpoint import load_checkpoint, save_checkpoint
 from training.finish import decode_test_split, hparam_metrics, results_of, summary_line, write_results
 from training.run_folder import check_run_folder, claim_run_folder, unlock_run_folder
 from training.signals import Interrupted, StopRequest

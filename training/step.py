@@ -12,10 +12,10 @@ from torch import Tensor, nn
 
 from data.batching import Batch
 from data.specials import PAD_ID
+from inference.decoding import src_mask_of
 from training import distributed
 from training.config import TrainerConfig
 from training.distributed import World
-from training.evaluate import src_mask_of
 from training.loss import label_smoothed_nll
 from training.progress import Progress, StepStats
 from training.schedule import FITTED, fitted_warmup, lr_at

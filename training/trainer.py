@@ -19,6 +19,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from common.device import autocast_for, pick_device, precision_name, set_tf32, set_threads
 from data.batching import BATCH_ORDER, Batch, TokenBucketSampler, collate
 from data.config import DataConfig, data_config
 from data.corpus import TRAIN
@@ -31,17 +33,8 @@ from models.build import ModelConfig, build_model, count_parameters
 from training import distributed
 from training.averaging import ExponentialAverage
 from training.board import Board, NullBoard
-from training.checkpoint import (
-    CheckpointError,
-    keep_recent,
-    load_checkpoint,
-    rng_states,
-    save_checkpoint,
-    set_rng_states,
-    to_cpu,
-)
+from training.checkpoint import keep_recent, rng_states, set_rng_states, to_cpu
 from training.config import model_config, trainer_config
-from training.device import autocast_for, pick_device, precision_name, set_tf32, set_threads
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
 from training.resume import adopt_best, check_resumable, remove_stale_temporaries, warn_batch_order
 from training.run_folder import resume_path, unlock_run_folder

@@ -9,9 +9,10 @@ from torch import nn
 
 from data.corpus import VALID
 from data.pipeline import PreparedData
+from inference.decoding import decode_ids, detokenize, output_attention
 from models.search import Hypothesis
 from training.board import Board
-from training.evaluate import decode_ids, detokenize, output_attention, validation_loss
+from training.evaluate import validation_loss
 from training.metrics import corpus_scores
 from training.progress import Progress
 

@@ -1,6 +1,6 @@
 """Translate sentences with a checkpoint of train.py, from Python (``translate.py`` is its command line).
 
-    from training.translator import Translator
+    from inference.translator import Translator
 
     translator = Translator.from_checkpoint("outputs/DATE/TIME/checkpoints/best.pt")  # device: auto
     for result in translator.translate(["Ein Mann schläft.", "Zwei Hunde."], nbest=3, alignments=True):
@@ -9,9 +9,9 @@
 ``translate`` returns one ``Translation`` per sentence, in the input order. Sentences are sorted by
 length and decoded ``batch_size`` at a time by the translator's engine: ``models.search.search``
 over a checkpoint's model (greedy for a beam of 1), or CTranslate2 over an export
-(``deploy.ctranslate2_engine.load_translator``).
+(``inference.ctranslate2_engine.load_translator``).
 A blank sentence gives an empty translation (score 0) without decoding. A sentence longer than the
-model takes is cut, with a warning on the logger ``training.translator``.
+model takes is cut, with a warning on the logger ``inference.translator``.
 """
 
 import logging
@@ -22,16 +22,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from common.device import decode_precision, pick_device, precision_name, use_precision
 from data.batching import pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
-from models.alignment import hard_alignment, piece_words, word_attention
+from inference.alignment import hard_alignment, piece_words, word_attention
+from inference.decoding import detokenize
+from inference.model_loading import load_model
 from models.masks import padding_mask_from_ids
 from models.search import Hypothesis, search
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
-from training.checkpoint import load_model
-from training.device import decode_precision, pick_device, precision_name, use_precision
-from training.evaluate import detokenize
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def default_alpha(payload: Dict[str, Any]) -> float:
 class TorchEngine:
     """Our own search (``models.search``) over a model on one device: the engine of a checkpoint.
 
-    ``amp`` and ``tf32``: the precision of ``training.device.use_precision``, as in training."""
+    ``amp`` and ``tf32``: the precision of ``common.device.use_precision``, as in training."""
 
     def __init__(self, model: nn.Module, device: torch.device, amp: bool = False, tf32: bool = False):
         self.model, self.device = model.eval(), device
@@ -99,7 +99,7 @@ class Translator:
 
     The engine decodes batches of source ids into ``models.search.Hypothesis`` lists: our own search
     over a checkpoint's model (``TorchEngine``), or CTranslate2 over an export
-    (``deploy.ctranslate2_engine``). Everything around it (tokenizing, batching, blank lines, long
+    (``inference.ctranslate2_engine``). Everything around it (tokenizing, batching, blank lines, long
     inputs, detokenizing, alignments) is this class, the same for both.
     """
 
@@ -120,7 +120,7 @@ class Translator:
         device: Union[None, str, torch.device] = None,
         dtype: Optional[str] = None,
     ) -> "Translator":
-        """Load a checkpoint of train.py (``training.checkpoint.CheckpointError`` when it cannot).
+        """Load a checkpoint of train.py (``common.checkpoint.CheckpointError`` when it cannot).
 
         ``device``: None or ``"auto"`` (CUDA when there is one), ``"cpu"``, ``"cuda:N"`` or a torch
         device. ``dtype``: None or ``"auto"`` decodes in the precision the run was validated and

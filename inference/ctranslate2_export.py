@@ -61,7 +61,7 @@ def export_info(payload: Dict[str, Any], checkpoint: Path, quantization: str, jo
     """The contents of ``export.json``."""
     import ctranslate2
 
-    from training.translator import default_alpha
+    from inference.translator import default_alpha
 
     model_config = dict(payload["model_config"])
     data = (payload.get("config") or {}).get("data") or {}
@@ -93,18 +93,19 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, quantization: str = "int8
 
     ``quantization``: the weight type stored (``int8``, ``int16`` or ``float32``); the engine may run
     a float32 export in int8 too (``compute_type``). Raises ``ExportError`` (and
-    ``training.checkpoint.CheckpointError`` for an unreadable checkpoint) in one line.
+    ``common.checkpoint.CheckpointError`` for an unreadable checkpoint) in one line.
     """
     if quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     check_target(out_dir)
-    from training.checkpoint import load_checkpoint, model_of
+    from common.checkpoint import load_checkpoint
+    from inference.model_loading import model_of
 
     payload = load_checkpoint(checkpoint)
     problem = export_problem(dict(payload["model_config"]))
     if problem is not None:
         raise ExportError(f"{checkpoint} cannot be exported: {problem}")
-    from deploy.ctranslate2_spec import transformer_spec
+    from inference.ctranslate2_spec import transformer_spec
 
     model, tokenizer, payload = model_of(payload, checkpoint)
     positions = model.positions.learned if model.cfg.positions == "learned" else model.positions.table

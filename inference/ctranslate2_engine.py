@@ -1,8 +1,8 @@
 """Translate with a CTranslate2 export: the engine behind ``translate.py --engine ctranslate2``.
 
-    from deploy.ctranslate2_engine import load_translator
+    from inference.ctranslate2_engine import load_translator
 
-    translator = load_translator("exports/de-en-int8", threads=2)  # a training.translator.Translator
+    translator = load_translator("exports/de-en-int8", threads=2)  # a inference.translator.Translator
     print(translator.translate(["Ein Mann schläft."], beam=5)[0].text)
 
 Only the decoding changes: ``CTranslate2Engine`` decodes the same source ids as ``TorchEngine`` into
@@ -35,10 +35,10 @@ import ctranslate2
 import torch
 
 from data.tokenizer import Tokenizer
-from deploy.export import ExportError, read_export, spm_files
+from inference.ctranslate2_export import ExportError, read_export, spm_files
+from inference.translator import Translator
 from models.search import Hypothesis, length_penalty
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, output_limit
-from training.translator import Translator
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class CTranslate2Engine:
 def load_translator(
     folder: Union[str, Path], device: str = "auto", threads: int = 0, compute_type: str = "default"
 ) -> Translator:
-    """A ``Translator`` over an export of ``scripts/export_ctranslate2.py`` (``deploy.export.ExportError``
+    """A ``Translator`` over an export of ``scripts/export_ctranslate2.py`` (``inference.ctranslate2_export.ExportError``
     when ``folder`` is not one). ``threads``: the engine's threads (0: its default); ``compute_type``:
     ``default`` runs the stored weight type, ``int8`` / ``float32`` / ... convert when loading."""
     folder = Path(folder)

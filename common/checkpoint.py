@@ -1,0 +1,65 @@
+"""Checkpoint files: plain dicts of tensors and plain data, written atomically and read without
+running code.
+
+A checkpoint loads with ``torch.load(path, weights_only=True)`` and holds everything
+``translate.py`` needs (``model``, ``model_config``, ``tokenizer``) plus the training state for
+resuming (optimizer, step, epoch, RNG states, the resolved config). Training writes them
+(``training/trainer.py``); translation reads them (``inference/model_loading.py``).
+"""
+
+import pickle
+import re
+from pathlib import Path
+from typing import Any, Dict
+
+import torch
+
+from common.files import AtomicFile
+
+FORMAT = 1
+
+
+class CheckpointError(Exception):
+    """A checkpoint that is missing, unreadable or not one of ours; the message says which."""
+
+
+def save_checkpoint(payload: Dict[str, Any], path: Path) -> None:
+    """Write ``payload`` to ``path`` through a temporary file, fsync and a rename, so that a crash or
+    a full disk never leaves a half-written checkpoint in place of a good one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with AtomicFile(path, "wb") as out:
+        torch.save(dict(payload, format=FORMAT), out)
+
+
+def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:
+    """Read a checkpoint written by ``save_checkpoint`` (weights-only unpickling: no code runs)."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch raises several types for truncated or foreign files
+        raise CheckpointError(f"checkpoint {path} cannot be read: {_load_failure(error)}") from None
+    if not isinstance(payload, dict) or "model" not in payload or "model_config" not in payload:
+        raise CheckpointError(f"{path} is not a checkpoint of this project (no model or model_config)")
+    if payload.get("format") != FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path} has format {payload.get('format')!r}, this version reads {FORMAT}"
+        )
+    return payload
+
+
+def _load_failure(error: Exception) -> str:
+    """What went wrong in ``torch.load``, in one line (torch's messages run over several)."""
+    message = str(error)
+    if "GLOBAL" in message:  # weights-only unpickling met a class or function: nothing was run
+        found = re.search(r"GLOBAL (\S+)", message)
+        what = found.group(1) if found else "a Python object"
+        return f"it holds pickled code or objects ({what}), not only tensors and plain data; refused, nothing was run"
+    if isinstance(error, pickle.UnpicklingError) or "Weights only load failed" in message:
+        return "not a file written by torch.save"
+    if isinstance(error, PermissionError):
+        return "permission denied"
+    if isinstance(error, (EOFError, OSError)) or "zip archive" in message or "central directory" in message:
+        return "the file is truncated or corrupt"
+    lines = [line for line in message.splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
