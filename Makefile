@@ -1,5 +1,6 @@
-# Set-up and entry points. On a fresh clone `make test` builds .venv from requirements.txt and runs
-# the tests; .venv is rebuilt when requirements.txt changes or another PYTHON is asked for.
+# Set-up and entry points. On a fresh clone `make test` builds .venv from requirements.txt, installs
+# the project into it (editable, pyproject.toml) and runs the tests; .venv is rebuilt when
+# requirements.txt changes or another PYTHON is asked for, the project reinstalled when pyproject.toml does.
 #   make test                          build/refresh .venv, then run pytest
 #   make test PYTHON=python3.12        build .venv from another interpreter
 #   make test PYTEST_ARGS='-k masks'   pass options to pytest

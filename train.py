@@ -8,7 +8,6 @@ the folder of an earlier run as it was.
 
 import atexit
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -71,7 +70,7 @@ def agree_on_run_dir(cfg: DictConfig, out_dir: Path) -> Path:
 def quiet_other_ranks() -> None:
     """Ranks other than 0 of a torchrun job write nothing: no log file, no .hydra, and a
     throw-away Hydra folder (removed at exit) instead of a second run folder."""
-    if int(os.environ.get("RANK", 0)) == 0:
+    if distributed.world_from_env().main:
         return
     scratch = tempfile.mkdtemp(prefix="nmt-rank-")
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)

@@ -1,9 +1,10 @@
 """Files replaced whole or not at all: written to a temporary file in the same folder, flushed to
 disk, then renamed over the target. A crash, a full disk or an error part-way leaves the previous
-file as it was (a rename within one file system is atomic). Imports no torch: the command-line
-tools use it before (or without) loading models."""
+file as it was (a rename within one file system is atomic). Folders are made whole the same way.
+Imports no torch: the command-line tools use it before (or without) loading models."""
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import IO, Iterable, Optional
@@ -57,6 +58,49 @@ class AtomicFile:
 
     def __enter__(self) -> IO:
         return self.stream
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+class AtomicFolder:
+    """The new folder ``path`` filled in a temporary folder beside it (``tmp``).
+
+    ``commit()`` gives it the permissions the umask allows and renames it into place; ``discard()``
+    removes it. The rename replaces a missing or empty ``path`` only: one that holds files (made
+    meanwhile by another process, say) makes ``commit()`` raise ``OSError``, and this copy goes.
+    ``prefix`` names the temporary folder (``.<name>.`` unless given); it ends in ``.tmp``. As a
+    context manager it yields ``tmp`` and commits on success, discards on an exception.
+    """
+
+    def __init__(self, path: Path, prefix: Optional[str] = None):
+        self.path = Path(path)
+        prefix = f".{self.path.name}." if prefix is None else prefix
+        self.tmp = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=prefix, suffix=".tmp"))
+        self.done = False
+
+    def commit(self) -> None:
+        if self.done:
+            return
+        try:
+            os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from other users
+            os.rename(self.tmp, self.path)
+            self.done = True
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self) -> Path:
+        return self.tmp
 
     def __exit__(self, kind, value, traceback) -> None:
         if kind is None:

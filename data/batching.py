@@ -24,9 +24,6 @@ from data.arrays import TokenArrays, offsets_of
 from data.specials import PAD_ID
 
 Sequences = Union[TokenArrays, Sequence[Sequence[int]]]
-# The version of TokenBucketSampler's order, saved in checkpoints: 1 shuffled with Python's random
-# module, 2 (issue 18) sorts with a key drawn by NumPy. The same seed and epoch give other batches.
-BATCH_ORDER = 2
 SEED_MASK = (1 << 64) - 1
 
 
@@ -88,8 +85,8 @@ class Batch:
 
 
 def pad(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
-    """List of id lists -> ``(B, L)`` long tensor padded with ``pad_id`` after each row's end
-    (``L`` the longest row; ``(0, 0)`` for no rows)."""
+    """List of id lists -> ``(B, T)`` long tensor padded with ``pad_id`` after each row's end
+    (``T`` the longest row; ``(0, 0)`` for no rows)."""
     return TokenArrays.from_lists(sequences).padded(np.arange(len(sequences)), pad_id=pad_id)
 
 
@@ -135,10 +132,10 @@ def pack(
     while start < n:
         # no batch from here holds more than this: every pair costs at least the first one's lengths
         window = max(1, min(n - start, batch_tokens // int(src[start] + tgt[start])))
-        counts = np.arange(1, window + 1)  # (W,)
+        counts = np.arange(1, window + 1)  # (window,)
         cost = (
             counts
-            * (  # (W,) the cost of the first 1, 2, ..., W pairs
+            * (  # (window,) the cost of the first 1, 2, ..., window pairs
                 np.maximum.accumulate(src[start : start + window])
                 + np.maximum.accumulate(tgt[start : start + window])
             )
@@ -234,8 +231,8 @@ def padding_ratio(sampler: TokenBucketSampler) -> float:
     if not batches:
         return 0.0
     order = np.concatenate(batches)  # (N,) the epoch's pairs, batch after batch
-    sizes = np.array([len(batch) for batch in batches])  # (K,)
-    starts = offsets_of(sizes)[:-1]  # (K,) where each batch begins
+    sizes = np.array([len(batch) for batch in batches])  # (n_batches,)
+    starts = offsets_of(sizes)[:-1]  # (n_batches,) where each batch begins
     src, tgt = sampler.src_lengths[order], sampler.tgt_lengths[order]  # (N,)
     padded = int((sizes * (np.maximum.reduceat(src, starts) + np.maximum.reduceat(tgt, starts))).sum())
     return 1.0 - int(src.sum() + tgt.sum()) / padded

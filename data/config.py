@@ -1,4 +1,5 @@
-"""Typed schema of the ``data`` config group (values live in ``conf/data/*.yaml``).
+"""Typed schema of the ``data`` config group. Its defaults are the default data set's, Multi30k
+(``conf/data/multi30k.yaml`` adds its hub); each ``conf/data/*.yaml`` lists only what differs.
 
 Plain dataclasses, no Hydra import: the training entry point registers them with Hydra's
 ConfigStore so that a typo or a wrong type fails when the config is composed.

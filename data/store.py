@@ -30,14 +30,13 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from common.files import current_umask
+from common.files import AtomicFolder
 from data.arrays import TokenArrays
 from data.errors import DataError
 
@@ -136,8 +135,9 @@ class StoreWriter:
         self.folder, self.dtype = Path(folder), np.dtype(dtype)
         self.folder.parent.mkdir(parents=True, exist_ok=True)
         remove_abandoned_builds(self.folder.parent)
-        prefix = f".{self.folder.name}.{socket.gethostname()}.{os.getpid()}."
-        self.tmp = Path(tempfile.mkdtemp(dir=self.folder.parent, prefix=prefix, suffix=".tmp"))
+        prefix = f".{self.folder.name}.{socket.gethostname()}.{os.getpid()}."  # see remove_abandoned_builds
+        self.staging = AtomicFolder(self.folder, prefix)
+        self.tmp = self.staging.tmp
         self.splits: Dict[str, Dict[str, SplitWriter]] = {}
         self.models: List[str] = []
 
@@ -165,9 +165,8 @@ class StoreWriter:
         manifest = {"format": FORMAT, "dtype": self.dtype.name, "models": self.models, "pairs": pairs}
         manifest.update(files=files, stats=stats)
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from other users
         try:
-            os.rename(self.tmp, self.folder)
+            self.staging.commit()
         except OSError:
             if not (self.folder / MANIFEST).is_file():
                 raise
@@ -177,7 +176,7 @@ class StoreWriter:
         for sides in self.splits.values():
             for writer in sides.values():
                 writer.abandon()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.staging.discard()
 
 
 def remove_abandoned_builds(parent: Path) -> None:

@@ -12,13 +12,10 @@ replaced.
 """
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from common.files import current_umask
+from common.files import AtomicFolder
 
 INFO_FILE = "export.json"
 FORMAT = 1
@@ -120,17 +117,12 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, quantization: str = "int8
         raise ExportError(f"{checkpoint}: CTranslate2 refuses the spec ({error})") from None
     spec.optimize(quantization=quantization)
     info = export_info(payload, checkpoint, quantization, tokenizer.joint)
-    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    staging = AtomicFolder(out_dir)
     try:
-        write_folder(staging, spec, tokenizer, info)
-        os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes the folder private
-        staging.rename(out_dir)  # replaces an empty out_dir only; one that filled meanwhile makes it fail
+        with staging as folder:  # replaces an empty out_dir only; one that filled meanwhile makes it fail
+            write_folder(folder, spec, tokenizer, info)
     except OSError as error:
-        shutil.rmtree(staging, ignore_errors=True)
         raise ExportError(f"cannot write {out_dir}: {error.strerror or error}") from None
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return info
 
 

@@ -11,7 +11,8 @@ from data.batching import Batch, ParallelDataset, TokenBucketSampler, pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from models.masks import padding_mask_from_ids
-from models.search import Hypothesis, search
+from models.search import Hypothesis, check_search_options, run_search
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
 
 
 def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Batch]:
@@ -21,9 +22,15 @@ def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Bat
         yield dataset.batch(indices)
 
 
+def source_mask(src: torch.Tensor) -> torch.Tensor:
+    """The padding mask of source ids ``(B, S)`` padded with PAD, True at real tokens: built from the
+    ids (no host sync, on any device). The one source mask of training, evaluation and translation."""
+    return padding_mask_from_ids(src, PAD_ID)  # (B, S)
+
+
 def src_mask_of(batch: Batch) -> torch.Tensor:
-    """The source padding mask of ``batch``, from its ids (no host sync, on any device)."""
-    return padding_mask_from_ids(batch.src, PAD_ID)  # (B, S)
+    """``source_mask`` of ``batch``'s source ids."""
+    return source_mask(batch.src)  # (B, S)
 
 
 @torch.no_grad()
@@ -37,6 +44,7 @@ def decode_ids(
     autocast=nullcontext,
 ) -> List[Hypothesis]:
     """The best hypothesis of every source sentence, in the split's order (greedy when ``beam_size`` is 1)."""
+    check_search_options(beam_size, alpha, 1, None, MAX_LEN_RATIO, MAX_LEN_EXTRA)  # once, not per batch
     model.eval()
     results: List[Hypothesis] = [None] * len(dataset)  # type: ignore[list-item]
     # Beam search runs K hypotheses per sentence: keep the batch's memory about the same.
@@ -44,7 +52,7 @@ def decode_ids(
         batch = batch.to(device)
         with autocast():
             src_mask = src_mask_of(batch)  # (B, S)
-            found = search(model, batch.src, src_mask, BOS_ID, EOS_ID, beam_size, alpha, pad_id=PAD_ID)
+            found = run_search(model, batch.src, src_mask, BOS_ID, EOS_ID, beam_size, alpha, pad_id=PAD_ID)
         for index, hyps in zip(batch.indices.tolist(), found):
             results[index] = hyps[0]
     return results

@@ -1,5 +1,16 @@
-"""Attention heatmaps (matplotlib, no display) with the tokens or words on the axes."""
+"""Attention heatmaps (matplotlib, no display) with the tokens or words on the axes, sized to be
+read where they are shown.
 
+TensorBoard's Images tab scales every image down to the width of its card, so a figure's width
+and its fonts follow from that width (``CARD_WIDTH_PX``), not from fixed points: the figure is
+drawn at ``PIXELS_PER_CARD_PIXEL`` times the card's width with labels that come out
+``LABEL_PX`` high on the screen. A long sentence makes the figure taller (one label per row,
+always) and labels every k-th column when the columns cannot all have a readable label; text never
+gets smaller. The attention viewer's tab (``viewer/``) shows every label of any length.
+"""
+
+import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import matplotlib
@@ -8,24 +19,66 @@ matplotlib.use("Agg")  # no display: render to images
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+CARD_WIDTH_PX = 290  # an image card of TensorBoard 2.21's Images tab, in a 1600 x 1200 window
+PIXELS_PER_CARD_PIXEL = 2  # image pixels per screen pixel of the card: sharp on dense screens too
+LABEL_PX = 10  # the height of a label on the screen: the smallest that reads well
+DPI = 100
+LINE = 1.3  # the distance between two row labels, in label heights
+COLUMN_LINE = 1.1  # between two (rotated) column labels
+CHAR = 0.6  # the mean width of a character, in label heights (DejaVu Sans)
+PLOT_SHARE = 0.6  # of the figure's width at least, left to the map beside y labels and colour bar
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A heatmap's size in inches (at ``DPI``), its font size in points, and which columns get a
+    label (every ``x_step``-th)."""
+
+    width: float
+    height: float
+    font_pt: float
+    x_step: int
+
+
+def layout(rows: int, cols: int, longest_x: int, card_px: int = CARD_WIDTH_PX) -> Layout:
+    """The layout of a ``rows`` x ``cols`` map whose longest column label has ``longest_x``
+    characters, for a card ``card_px`` pixels wide."""
+    font_px = LABEL_PX * PIXELS_PER_CARD_PIXEL  # on the image
+    pitch = font_px * LINE
+    width_px = card_px * PIXELS_PER_CARD_PIXEL
+    x_step = max(1, math.ceil(cols * font_px * COLUMN_LINE / (width_px * PLOT_SHARE)))
+    # the map's rows, the rotated column labels below it, and the title and axis labels
+    height_px = max(rows, 4) * pitch + longest_x * CHAR * font_px + 5 * pitch
+    return Layout(width_px / DPI, height_px / DPI, font_px * 72 / DPI, x_step)
+
 
 def attention_figure(
-    weights: Tensor, x_tokens: Sequence[str], y_tokens: Sequence[str], title: str, x_label: str, y_label: str
+    weights: Tensor,
+    x_tokens: Sequence[str],
+    y_tokens: Sequence[str],
+    title: str,
+    x_label: str,
+    y_label: str,
+    card_px: int = CARD_WIDTH_PX,
 ):
-    """A heatmap of ``(len(y_tokens), len(x_tokens))`` weights with the tokens as tick labels."""
+    """A heatmap of ``(len(y_tokens), len(x_tokens))`` weights with the tokens as tick labels,
+    readable in a card ``card_px`` pixels wide (``layout``)."""
     rows, cols = len(y_tokens), len(x_tokens)
-    width, height = max(4.0, 0.28 * cols + 1.8), max(3.0, 0.28 * rows + 1.4)
-    fig, ax = plt.subplots(figsize=(width, height), dpi=100)
+    size = layout(rows, cols, max((len(t) for t in x_tokens), default=1), card_px)
+    fig, ax = plt.subplots(figsize=(size.width, size.height), dpi=DPI)
     image = ax.imshow(
         weights.float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"
     )
-    ax.set_xticks(range(cols))
-    ax.set_xticklabels(x_tokens, rotation=90, fontsize=8)
+    shown = range(0, cols, size.x_step)
+    ax.set_xticks(list(shown))
+    ax.set_xticklabels([x_tokens[i] for i in shown], rotation=90, fontsize=size.font_pt)
     ax.set_yticks(range(rows))
-    ax.set_yticklabels(y_tokens, fontsize=8)
-    ax.set_xlabel(x_label, fontsize=9)
-    ax.set_ylabel(y_label, fontsize=9)
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    ax.set_yticklabels(y_tokens, fontsize=size.font_pt)
+    every = f" (every {size.x_step})" if size.x_step > 1 else ""
+    ax.set_xlabel(x_label + every, fontsize=size.font_pt)
+    ax.set_ylabel(y_label, fontsize=size.font_pt)
+    ax.set_title(title, fontsize=size.font_pt, wrap=True)
+    bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
+    bar.ax.tick_params(labelsize=size.font_pt * 0.8)
     fig.tight_layout()
     return fig

@@ -27,10 +27,9 @@ from data.batching import pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from inference.alignment import hard_alignment, piece_words, word_attention
-from inference.decoding import detokenize
+from inference.decoding import detokenize, source_mask
 from inference.model_loading import load_model
-from models.masks import padding_mask_from_ids
-from models.search import Hypothesis, search
+from models.search import Hypothesis, run_search
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
 
 log = logging.getLogger(__name__)
@@ -45,7 +44,7 @@ class Translation:
     score: float  # log-probability; beam search divides it by the GNMT length penalty, greedy does not
     alignment: Optional[List[Tuple[int, int]]] = None  # Pharaoh pairs (source word, output word), when asked
     nbest: List["Translation"] = field(default_factory=list)
-    words: Optional[Tensor] = None  # (W_out, W_src) word attention, when alignments are asked (for plots)
+    words: Optional[Tensor] = None  # (W_tgt, W_src) word attention, when alignments are asked (for plots)
     src_words: List[str] = field(default_factory=list)  # the axes of ``words``
     out_words: List[str] = field(default_factory=list)
     finished: bool = True  # False: cut at the length limit before EOS
@@ -87,11 +86,12 @@ class TorchEngine:
         self.dtype = precision_name(device, amp, tf32)
 
     def decode(self, batch: List[List[int]], **options: Any) -> List[List[Hypothesis]]:
-        """The n-best hypotheses of a batch of source id lists (``options``: of ``models.search.search``)."""
+        """The n-best hypotheses of a batch of source id lists (``options``: of ``models.search.search``,
+        checked by the caller)."""
         src = pad(batch, PAD_ID).to(self.device)  # (B, S)
-        src_mask = padding_mask_from_ids(src, PAD_ID)  # (B, S)
-        with self.autocast():
-            return search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
+        src_mask = source_mask(src)  # (B, S)
+        with self.autocast():  # the options were checked by Translator.translate
+            return run_search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
 
 
 class Translator:
@@ -210,7 +210,7 @@ class Translator:
             return Translation(text, hyp.score, finished=hyp.finished)
         src_pieces = self.tokenizer.src_pieces(src_ids[:-1])  # without EOS
         out_pieces = self.tokenizer.tgt_pieces(hyp.tokens)
-        words = word_attention(hyp.alignment, src_pieces, out_pieces)  # (W_out, W_src)
+        words = word_attention(hyp.alignment, src_pieces, out_pieces)  # (W_tgt, W_src)
         return Translation(
             text,
             hyp.score,

@@ -1,4 +1,5 @@
-"""Typed configs of the two model families (values live in ``conf/model/*.yaml``).
+"""Typed configs of the two model families, with their defaults: the small models of
+``conf/model/rnn.yaml`` and ``conf/model/transformer.yaml``; the larger ones list what differs.
 
 Plain dataclasses, no Hydra: a model can be built in a notebook from ``RNNConfig()`` or
 ``TransformerConfig(d_model=512)``. The training entry point registers them as Hydra schemas, so

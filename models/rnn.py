@@ -16,7 +16,7 @@ decoder state. Only the attention and the RNN cell run step by step; the readout
 layer run over all steps at once in a teacher-forced pass.
 
 Shapes (the scheme of ``models/__init__.py``): ``D`` hidden size (the decoder state; the encoder
-states are ``2D``, both directions), ``E`` embedding size, ``d_a`` attention size, ``N`` layers.
+states are ``2D``, both directions), ``E`` embedding size, ``d_a`` attention size, ``L`` layers.
 """
 
 from typing import Dict, Optional, Tuple
@@ -31,7 +31,7 @@ from models.embeddings import OutputLayer, TokenEmbedding
 from models.masks import key_mask
 from models.seq2seq import Attention, Encoded
 
-# memory (B, S, 2D), keys (B, S, d_a), src_mask (B, S), hidden (B, N, D) [, cell (B, N, D) for an LSTM]
+# memory (B, S, 2D), keys (B, S, d_a), src_mask (B, S), hidden (B, L, D) [, cell (B, L, D) for an LSTM]
 State = Dict[str, Tensor]
 
 
@@ -79,9 +79,9 @@ class RNNEncoder(nn.Module):
         lengths = src_mask.sum(dim=1).clamp(min=1).cpu()  # (B,) an empty source still runs one step
         embedded = self.dropout(self.embed(src)).float()  # (B, S, E)
         packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
-        outputs, final = run_rnn(self.rnn, packed)  # packed (B, S, 2D); (2 N, B, D) per state
+        outputs, final = run_rnn(self.rnn, packed)  # packed (B, S, 2D); (2L, B, D) per state
         memory, _ = pad_packed_sequence(outputs, batch_first=True, total_length=src.size(1))  # (B, S, 2D)
-        hidden = final[0] if isinstance(final, tuple) else final  # (2 N, B, D)
+        hidden = final[0] if isinstance(final, tuple) else final  # (2L, B, D)
         top = torch.cat([hidden[-2], hidden[-1]], dim=-1)  # (B, 2D) last layer, forward and backward
         return memory, top
 
@@ -106,8 +106,8 @@ class RNNDecoder(nn.Module):
     def start_state(self, encoded: Encoded) -> State:
         """The state before the first target token: bridged final encoder states, projected keys."""
         batch = encoded.memory.size(0)
-        bridged = torch.tanh(self.bridge(encoded.final))  # (B, N * D)
-        hidden = bridged.view(batch, self.layers, self.hidden_size)  # (B, N, D)
+        bridged = torch.tanh(self.bridge(encoded.final))  # (B, L * D)
+        hidden = bridged.view(batch, self.layers, self.hidden_size)  # (B, L, D)
         state = {
             "memory": encoded.memory,
             "keys": self.attention.project_keys(encoded.memory),  # (B, S, d_a) once per sentence
@@ -115,7 +115,7 @@ class RNNDecoder(nn.Module):
             "hidden": hidden,
         }
         if self.cell == "lstm":
-            state["cell"] = torch.zeros_like(hidden)  # (B, N, D)
+            state["cell"] = torch.zeros_like(hidden)  # (B, L, D)
         return state
 
     def step(self, embedded: Tensor, state: State) -> Tuple[Tensor, Tensor, Tensor, State]:
@@ -130,15 +130,15 @@ class RNNDecoder(nn.Module):
             query, None, state["memory"], mask, projected_keys=state["keys"]
         )  # (B, 1, 2D), (B, 1, S)
         rnn_input = torch.cat([embedded.unsqueeze(1), context], dim=-1).float()  # (B, 1, E + 2D)
-        hidden = state["hidden"].transpose(0, 1).float().contiguous()  # (N, B, D)
+        hidden = state["hidden"].transpose(0, 1).float().contiguous()  # (L, B, D)
         if self.cell == "lstm":
-            cell = state["cell"].transpose(0, 1).float().contiguous()  # (N, B, D)
-            output, (hidden, cell) = run_rnn(self.rnn, rnn_input, (hidden, cell))  # (B, 1, D), (N, B, D) x 2
+            cell = state["cell"].transpose(0, 1).float().contiguous()  # (L, B, D)
+            output, (hidden, cell) = run_rnn(self.rnn, rnn_input, (hidden, cell))  # (B, 1, D), (L, B, D) x 2
         else:
-            output, hidden = run_rnn(self.rnn, rnn_input, hidden)  # (B, 1, D), (N, B, D)
-        new_state = dict(state, hidden=hidden.transpose(0, 1))  # (B, N, D)
+            output, hidden = run_rnn(self.rnn, rnn_input, hidden)  # (B, 1, D), (L, B, D)
+        new_state = dict(state, hidden=hidden.transpose(0, 1))  # (B, L, D)
         if self.cell == "lstm":
-            new_state["cell"] = cell.transpose(0, 1)  # (B, N, D)
+            new_state["cell"] = cell.transpose(0, 1)  # (B, L, D)
         return output[:, 0], context[:, 0], weights[:, 0], new_state  # (B, D), (B, 2D), (B, S)
 
     def logits(self, top: Tensor, context: Tensor, embedded: Tensor) -> Tensor:

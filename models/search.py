@@ -22,6 +22,8 @@ step takes a top-``2K`` per row of logits and never writes a ``(K, V)`` table of
 the state that depend only on the source (``models.seq2seq.SOURCE_KEYS``) are not reordered.
 
 ``search`` is the one entry point of the rest of the project: greedy for a beam of 1, else beam search.
+It checks the options; the functions it calls trust it (``run_search`` is it without the check, for a
+caller that checked them already).
 """
 
 from dataclasses import dataclass
@@ -52,12 +54,10 @@ def output_limits(
     cap: Optional[int] = None,
 ) -> List[int]:
     """Longest output of each sentence: ``ratio`` times its source length plus ``extra``, or ``max_len``
-    for all; never more than ``cap`` (the model's ``max_positions``, where it has one)."""
+    for all; never more than ``cap`` (the model's ``max_positions``, where it has one). The options are
+    the caller's to check (``search`` does)."""
     if max_len is not None:
-        if max_len < 1:
-            raise ValueError(f"max_len={max_len} must be at least 1")
         return [max_len if cap is None else min(max_len, cap)] * src_mask.size(0)
-    check_options(max_len_ratio=ratio, max_len_extra=extra)
     return [output_limit(n, ratio, extra, cap) for n in src_mask.sum(dim=1).tolist()]
 
 
@@ -109,7 +109,8 @@ def greedy_search(
     max_len_ratio: float = MAX_LEN_RATIO,
     max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[Hypothesis]:
-    """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence."""
+    """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence.
+    The options are the caller's to check (``search`` does)."""
     batch, device = src.size(0), src.device
     cap = getattr(model, "max_positions", None)
     limits = torch.tensor(output_limits(src_mask, max_len_ratio, max_len_extra, max_len, cap))  # (B,)
@@ -252,8 +253,8 @@ def beam_search(
     max_len_ratio: float = MAX_LEN_RATIO,
     max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[List[Hypothesis]]:
-    """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first."""
-    check_options(beam_size=beam_size, nbest=nbest, alpha=alpha)
+    """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first. The
+    options are the caller's to check (``search`` does)."""
     batch, beam, device = src.size(0), beam_size, src.device
     cap = getattr(model, "max_positions", None)
     limits = output_limits(src_mask, max_len_ratio, max_len_extra, max_len, cap)
@@ -317,6 +318,21 @@ def _add_unfinished(
             found.add(Hypothesis(history[row].tolist(), score / penalty, alignment, finished=False))
 
 
+def check_search_options(
+    beam_size: int, alpha: float, nbest: int, max_len: Optional[int], max_len_ratio: float, max_len_extra: int
+) -> None:
+    """``ValueError`` naming the first option of ``search`` out of range. Those a search does not use
+    are not looked at: the length penalty by greedy search, the length limit when ``max_len`` is given."""
+    options = dict(beam_size=beam_size, nbest=nbest)
+    if beam_size != 1:
+        options.update(alpha=alpha)
+    if max_len is None:
+        options.update(max_len_ratio=max_len_ratio, max_len_extra=max_len_extra)
+    check_options(**options)
+    if max_len is not None and max_len < 1:
+        raise ValueError(f"max_len={max_len} must be at least 1")
+
+
 def search(
     model: nn.Module,
     src: Tensor,
@@ -334,7 +350,42 @@ def search(
 ) -> List[List[Hypothesis]]:
     """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first: greedy
     search when ``beam_size`` is 1 (the same output as a beam of 1, without the bookkeeping; its
-    score is not length-normalised), beam search otherwise."""
+    score is not length-normalised), beam search otherwise. An option out of range is a ``ValueError``."""
+    check_search_options(beam_size, alpha, nbest, max_len, max_len_ratio, max_len_extra)
+    return run_search(
+        model,
+        src,
+        src_mask,
+        bos_id,
+        eos_id,
+        beam_size,
+        alpha,
+        nbest,
+        need_weights,
+        pad_id,
+        max_len,
+        max_len_ratio,
+        max_len_extra,
+    )
+
+
+def run_search(
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    bos_id: int,
+    eos_id: int,
+    beam_size: int = 1,
+    alpha: float = 1.0,
+    nbest: int = 1,
+    need_weights: bool = False,
+    pad_id: int = 0,
+    max_len: Optional[int] = None,
+    max_len_ratio: float = MAX_LEN_RATIO,
+    max_len_extra: int = MAX_LEN_EXTRA,
+) -> List[List[Hypothesis]]:
+    """``search`` for a caller that checked the options already (the Translator checks them once per
+    call, not once per batch)."""
     limits = dict(
         max_len=max_len,
         need_weights=need_weights,
@@ -343,6 +394,5 @@ def search(
         max_len_extra=max_len_extra,
     )
     if beam_size == 1:
-        check_options(nbest=nbest)
         return [[hyp] for hyp in greedy_search(model, src, src_mask, bos_id, eos_id, **limits)]
     return beam_search(model, src, src_mask, bos_id, eos_id, beam_size, alpha, nbest, **limits)

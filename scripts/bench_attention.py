@@ -16,7 +16,6 @@ Prints a Markdown table of median milliseconds per forward+backward and the rati
 """
 
 import argparse
-import os
 import platform
 import statistics
 import sys
@@ -26,9 +25,8 @@ from typing import Callable, Dict, List
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from models.attention import MultiHeadAttention  # noqa: E402
-from models.masks import key_mask, padding_mask_from_lengths  # noqa: E402
+from models.attention import MultiHeadAttention
+from models.masks import key_mask, padding_mask_from_lengths
 
 
 def parse_args() -> argparse.Namespace:

@@ -28,13 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 # None of these imports torch: this script stays quick to start.
-from common.files import AtomicFile  # noqa: E402
-from common.settings import NOT_SETTINGS, flatten  # noqa: E402
-from data.corpus import read_lines  # noqa: E402
-from data.errors import DataError  # noqa: E402
+from common.files import AtomicFile
+from common.settings import NOT_SETTINGS, flatten
+from data.corpus import read_lines
+from data.errors import DataError
 
 RESULTS = "results.json"
 REQUIRED = ("model", "params", "steps", "epochs", "train_seconds", "train_tokens_per_second", "valid", "test")

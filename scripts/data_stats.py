@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Dict
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def one_line(error: BaseException) -> str:

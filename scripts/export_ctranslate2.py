@@ -15,10 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from inference.ctranslate2_export import QUANTIZATIONS  # noqa: E402  (no torch: answers --help at once)
+from inference.ctranslate2_export import QUANTIZATIONS  # no torch: answers --help at once
 
 
 def parse_args(argv=None) -> argparse.Namespace:

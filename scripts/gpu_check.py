@@ -16,10 +16,11 @@ repository included). ``--data`` defaults to ``$MULTI30K_DIR``; ``--wheels DIR``
 from a folder (an earlier bundle's ``wheels/``) instead of downloading them.
 
 ``run`` installs the wheels into ``BUNDLE/site`` (``pip install --no-index --no-deps --target``),
-puts that folder on the ``PYTHONPATH`` of the processes it starts, records the machine and the
-versions, runs ``python -m pytest -m gpu tests/test_gpu.py`` on the bundle's data, then
-``scripts/benchmark.py train --device cuda`` for a few steps, each under a time limit so that the
-whole check ends within 8 minutes, and writes the report to FILE. Exit code 0 when every step
+puts the repository (the project is not installed there) and that folder on the ``PYTHONPATH`` of
+the processes it starts, records the machine and the versions, runs ``python -m pytest -m gpu
+tests/test_gpu.py`` on the bundle's data, then ``scripts/benchmark.py train --device cuda`` for a
+few steps, each under a time limit so that the whole check ends within 8 minutes, and writes the
+report to FILE. Exit code 0 when every step
 passed; 1 when one failed or ran out of time, or when there is no CUDA device.
 """
 
@@ -38,7 +39,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 LIMIT_MIB = 60  # default --max-mib: a 64 MiB transfer to the GPU machine less room for the repository
 # The GPU machine's Python and platform the bundle is made for: CPython 3.12 on x86-64 Linux (the
@@ -258,10 +258,11 @@ def not_run(name: str, why: str) -> Step:
 
 
 def child_env(bundle: Path) -> Dict[str, str]:
-    """The environment of the check's commands: the bundle's packages and data, no network."""
+    """The environment of the check's commands: the project's packages (the repository: the GPU
+    machine cannot install the project), the bundle's packages and data, no network."""
     env = dict(os.environ)
     site = str((bundle / "site").resolve())
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (site, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), site, env.get("PYTHONPATH")) if p)
     env["MULTI30K_DIR"] = str((bundle / DATA).resolve())
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     return env

@@ -14,9 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from common.files import AtomicFile  # noqa: E402
+from common.files import AtomicFile
 
 
 def load_images(tb_dir: Path):

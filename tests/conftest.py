@@ -126,3 +126,37 @@ def trained_slice_models(multi30k_slice, compose_config, tmp_path_factory):
         trainer.close()
         models[family] = (trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start)
     return models
+
+
+@pytest.fixture(scope="session")
+def synthetic_corpus(tmp_path_factory) -> Path:
+    """The synthetic reversal task (tests/synthetic.py) in the raw layout, for ``data.root``:
+    3000 train, 100 val, 100 test_2016_flickr pairs of letters, the target the source reversed."""
+    from synthetic import write_corpus
+
+    return write_corpus(tmp_path_factory.mktemp("synthetic"))
+
+
+@pytest.fixture(scope="session")
+def trained_synthetic_models(synthetic_corpus, compose_config, tmp_path_factory):
+    """Each family trained for real on the synthetic task (``SYNTHETIC_FAMILIES`` in helpers.py),
+    once per session; ``{family: (trainer, checkpoint path, seconds)}``. A model that has learnt
+    the reversal translates unseen sequences: the learning test and the tests of what is done
+    with a trained model (translate.py, its options, decoding tuning) use them."""
+    import time
+
+    from training.trainer import Trainer
+
+    from helpers import synthetic_learning_overrides
+
+    models = {}
+    for family in ("rnn", "transformer"):
+        run = tmp_path_factory.mktemp(f"synthetic_{family}")
+        trainer = Trainer(
+            compose_config(synthetic_learning_overrides(synthetic_corpus, run / "cache", family)), run
+        )
+        start = time.perf_counter()
+        trainer.fit()  # trainer.max_steps, then one evaluation that writes last.pt and best.pt
+        trainer.close()
+        models[family] = (trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start)
+    return models

@@ -324,3 +324,65 @@ def deadline(seconds: int, what: str):
         signal.signal(signal.SIGALRM, previous)
         if outer:
             signal.alarm(max(1, outer - int(time.monotonic() - start)))
+
+
+SYNTHETIC_FAMILIES = {
+    "transformer": [
+        "model=transformer",
+        "model.d_model=64",
+        "model.n_heads=4",
+        "model.ff_size=128",
+        "model.encoder_layers=2",
+        "model.decoder_layers=2",
+        "model.dropout=0.0",
+        "trainer.lr=5e-3",
+        "trainer.schedule=cosine",
+        "trainer.warmup_steps=30",
+        "trainer.batch_tokens=1000",
+        "trainer.max_steps=300",
+    ],
+    "rnn": [
+        "model=rnn",
+        "model.embed_dim=64",
+        "model.hidden_size=64",
+        "model.attention_size=64",
+        "model.dropout=0.0",
+        "trainer.lr=5e-3",
+        "trainer.schedule=constant",
+        "trainer.warmup_steps=20",
+        "trainer.batch_tokens=500",
+        "trainer.max_steps=400",
+    ],
+}  # each learns the reversal of tests/synthetic.py (test_synthetic.py), in seconds on one thread
+
+
+def synthetic_run(run_dir: Path, root: Path, cache: Path, *extra: str) -> List[str]:
+    """``tiny_run`` on the synthetic reversal task in ``root`` (tests/synthetic.py) instead of a
+    Multi30k slice: the tiny RNN, its vocabulary the task's; ``extra`` sets the steps and the rest."""
+    from synthetic import VOCAB_SIZE
+
+    return [*tiny_run(run_dir, root, cache), f"data.vocab_size={VOCAB_SIZE}", *extra]
+
+
+def synthetic_learning_overrides(root: Path, cache: Path, family: str, *extra: str) -> List[str]:
+    """The overrides of a run where ``family`` learns the synthetic reversal task in ``root``
+    (``trained_synthetic_models`` in conftest.py): one thread, no evaluation but the last, no
+    label smoothing; ``extra`` adds to them."""
+    from synthetic import VOCAB_SIZE
+
+    return [
+        f"data.root={root}",
+        f"data.cache_dir={cache}",
+        f"data.vocab_size={VOCAB_SIZE}",
+        "device=cpu",
+        "trainer.label_smoothing=0.0",
+        "trainer.eval_every=1000000",
+        "trainer.log_every=1000000",
+        "trainer.patience=null",
+        "trainer.max_epochs=null",
+        "trainer.attention_samples=0",
+        "trainer.beam_size=1",
+        "trainer.num_threads=1",
+        *SYNTHETIC_FAMILIES[family],
+        *extra,
+    ]

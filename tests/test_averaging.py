@@ -18,7 +18,7 @@ from training.averaging import (
 )
 from training.resume import check_resumable
 
-from helpers import load_script, tiny_run
+from helpers import load_script, synthetic_run
 
 average_script = load_script("average_checkpoints")
 
@@ -53,9 +53,9 @@ def test_the_ema_update_is_a_lerp_towards_the_new_weights():
 
 
 @pytest.fixture(scope="module")
-def averaged_run(multi30k_slice, tmp_path_factory):
-    """A tiny RNN run that keeps its last three evaluations' checkpoints and an EMA; and the same run
-    without averages (trained in-process)."""
+def averaged_run(synthetic_corpus, tmp_path_factory):
+    """A tiny RNN run on the synthetic task that keeps its last three evaluations' checkpoints and
+    an EMA; and the same run without averages (trained in-process)."""
     from training.run import train
 
     from helpers import compose
@@ -66,9 +66,9 @@ def averaged_run(multi30k_slice, tmp_path_factory):
         "on": ["trainer.ema_decay=0.9", "trainer.average_last=3"],
         "off": ["trainer.keep_last=3"],  # kept checkpoints alone are not averaged
     }.items():
-        overrides = tiny_run(
+        overrides = synthetic_run(
             base / name,
-            multi30k_slice,
+            synthetic_corpus,
             base / "cache",
             "trainer.max_steps=24",
             "trainer.eval_every=6",

@@ -244,3 +244,25 @@ def test_each_rank_resumes_its_own_dropout_masks(multi30k_slice, tmp_path):
     assert (
         scalars(tmp_path / "resumed" / "tb", "train/loss") == straight
     )  # bitwise: one machine, one thread a rank
+
+
+def test_the_world_and_the_rank_come_from_torchruns_variables_alone(monkeypatch, tmp_path):
+    from omegaconf import OmegaConf
+
+    from training.distributed import World, world_from_env
+    from training.run_folder import RunFolderCheck, unlock_run_folder
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert world_from_env() == World() and world_from_env().main
+    for name, value in dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2").items():
+        monkeypatch.setenv(name, value)
+    assert world_from_env() == World(3, 4, 1, 2) and not world_from_env().main
+    folder = tmp_path / "run"
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(folder)}}, "trainer": {"resume": None}})
+    RunFolderCheck().on_run_start(config)  # rank 3: rank 0 claims the run folder, not this one
+    assert not folder.exists()
+    monkeypatch.setenv("RANK", "0")
+    RunFolderCheck().on_run_start(config)
+    assert folder.is_dir()
+    unlock_run_folder(folder)

@@ -1,4 +1,4 @@
-"""common/files.py: ``AtomicFile`` replaces a file whole or not at all."""
+"""common/files.py: ``AtomicFile`` replaces a file whole or not at all; ``AtomicFolder`` makes a folder so."""
 
 import os
 import stat
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.files import AtomicFile, write_lines
+from common.files import AtomicFile, AtomicFolder, write_lines
 
 
 def leftovers(folder: Path, name: str):
@@ -128,3 +128,52 @@ def test_write_lines_writes_one_line_each_and_keeps_the_old_file_when_the_lines_
         write_lines(path, failing())
     assert path.read_text(encoding="utf-8") == "Ein Mann.\n\nZwei Hunde.\n"
     assert [p.name for p in tmp_path.iterdir()] == ["test.hyp"]
+
+
+def test_a_folder_appears_whole_on_commit_with_the_permissions_of_the_umask(tmp_path):
+    target = tmp_path / "export"
+    previous = os.umask(0o022)
+    try:
+        with AtomicFolder(target) as folder:
+            (folder / "a.bin").write_bytes(b"a")
+            assert not target.exists()  # filled beside it, not in it
+            assert (
+                folder.parent == tmp_path and folder.name.startswith(".export.") and folder.suffix == ".tmp"
+            )
+    finally:
+        os.umask(previous)
+    assert (target / "a.bin").read_bytes() == b"a"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755  # not mkdtemp's 0700
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]
+
+
+def test_an_exception_while_filling_a_folder_leaves_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with AtomicFolder(tmp_path / "export") as folder:
+            (folder / "half").write_text("x")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_replaces_an_empty_one_but_not_one_that_holds_files(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with AtomicFolder(tmp_path / "empty") as folder:
+        (folder / "new").write_text("x")
+    assert (tmp_path / "empty" / "new").read_text() == "x"
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "old").write_text("kept")
+    staging = AtomicFolder(full)
+    (staging.tmp / "new").write_text("x")
+    with pytest.raises(OSError):
+        staging.commit()
+    assert [p.name for p in full.iterdir()] == ["old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full"]  # the temporary folder went
+    staging.discard()  # nothing left to do
+
+
+def test_a_folder_prefix_names_the_temporary_folder(tmp_path):
+    staging = AtomicFolder(tmp_path / "store", prefix=".key.host.123.")
+    assert staging.tmp.name.startswith(".key.host.123.") and staging.tmp.name.endswith(".tmp")
+    staging.discard()
+    assert list(tmp_path.iterdir()) == []

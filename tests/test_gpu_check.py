@@ -3,6 +3,7 @@ local files), its size limit, the wheels it takes, a step's time limit, and the 
 from given pieces."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -255,3 +256,16 @@ def test_run_refuses_a_folder_without_a_manifest(tmp_path, capsys):
     done = script(capsys, "run", "--bundle", tmp_path, "--report", tmp_path / "report.md")
     assert_one_error_line(done, "holds no manifest.json")
     assert not (tmp_path / "report.md").exists()
+
+
+def test_the_commands_import_the_project_from_the_repository_without_an_install(tmp_path):
+    """The GPU machine cannot install the project: its commands find the packages through the
+    ``PYTHONPATH`` of ``child_env`` (``-S``: without site-packages, so without this venv's install)."""
+    env = gpu_check.child_env(tmp_path)
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(ROOT), str((tmp_path / "site").resolve())]
+    code = "import common, data, inference, models, training; print(common.__file__)"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == ROOT / "common" / "__init__.py"

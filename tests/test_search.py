@@ -319,7 +319,23 @@ def test_nbest_larger_than_the_beam_is_refused():
     model = tiny("rnn")
     src, src_mask = sources()
     with pytest.raises(ValueError, match="nbest"):
-        beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, nbest=3)
+        search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, nbest=3)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(beam_size=0), "beam_size=0"),
+        (dict(beam_size=2, alpha=-1.0), "alpha=-1.0"),
+        (dict(max_len_ratio=0, max_len_extra=0), "max_len_ratio=0"),
+        (dict(beam_size=2, max_len=0), "max_len=0 must be at least 1"),
+    ],
+)
+def test_search_refuses_an_option_out_of_range_for_both_searches(options, message):
+    model = tiny("rnn")
+    src, src_mask = sources()
+    with pytest.raises(ValueError, match=re.escape(message)):
+        search(model, src, src_mask, BOS_ID, EOS_ID, **options)
 
 
 class TableModel(nn.Module):

@@ -155,13 +155,13 @@ def test_a_fitted_schedule_ends_at_min_lr_on_the_last_step_of_max_epochs(
         "trainer.min_lr=1e-5",
         "trainer.log_every=1",
     )
-    assert trainer.horizon == 2 * len(trainer.sampler)
+    assert trainer.schedule.horizon == 2 * len(trainer.sampler)
     trainer.fit(evaluate_last=False)
     trainer.close()
     rates = dict(scalars(tmp_path / "tb", "train/lr"))
-    assert trainer.progress.step == trainer.horizon == max(rates)
-    assert rates[trainer.horizon] == pytest.approx(1e-5)
-    assert max(rates, key=rates.get) == trainer.horizon // 4  # the warm-up: a quarter of the run
+    assert trainer.progress.step == trainer.schedule.horizon == max(rates)
+    assert rates[trainer.schedule.horizon] == pytest.approx(1e-5)
+    assert max(rates, key=rates.get) == trainer.schedule.horizon // 4  # the warm-up: a quarter of the run
 
 
 def test_max_steps_or_schedule_steps_set_the_horizon_and_minutes_alone_cannot(
@@ -170,12 +170,12 @@ def test_max_steps_or_schedule_steps_set_the_horizon_and_minutes_alone_cannot(
     both = make_trainer(
         multi30k_slice, compose_config, tmp_path / "a", "trainer.schedule=cosine", "trainer.max_steps=5"
     )
-    assert both.horizon == 5  # max_steps comes before the 30 epochs of trainer.max_epochs
+    assert both.schedule.horizon == 5  # max_steps comes before the 30 epochs of trainer.max_epochs
     explicit = ["trainer.schedule=cosine", "trainer.max_epochs=null", "trainer.max_minutes=10"]
     assert (
         make_trainer(
             multi30k_slice, compose_config, tmp_path / "b", *explicit, "trainer.schedule_steps=70"
-        ).horizon
+        ).schedule.horizon
         == 70
     )
     with pytest.raises(ValueError, match="set trainer.schedule_steps"):

@@ -3,9 +3,10 @@
 torch), and as users run it, in a subprocess, where the process itself matters (standard input
 from a pipe, a terminal, imports before the options are checked).
 
-The models of ``trained_slice_models`` (conftest.py) have memorised 200 Multi30k training pairs,
-so translating those sources must give back their references: a check of the whole path
-(checkpoint -> tokenizer -> batched search -> detokenized text in the input order).
+The models of ``trained_synthetic_models`` (conftest.py) have learnt the synthetic reversal task
+(tests/synthetic.py), so translating held-out sources must give back their references, the
+sources reversed: a check of the whole path (checkpoint -> tokenizer -> batched search ->
+detokenized text in the input order).
 """
 
 import logging
@@ -22,23 +23,29 @@ import sacrebleu
 import torch
 
 from common.checkpoint import load_checkpoint, save_checkpoint
+from data.corpus import read_lines
 from data.specials import EOS_ID
 from data.tokenizer import normalize
 from inference.model_loading import load_model
 from inference.translator import Translator
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
 
-from helpers import LEARNING_PAIRS, ROOT, assert_one_error_line, translate, translate_process
+from helpers import ROOT, SPLIT, assert_one_error_line, translate, translate_process
 
 FAMILIES = ["rnn", "transformer"]
 
 
 @pytest.fixture(scope="module")
-def pairs(multi30k_slice):
-    """The memorised training pairs (source, reference)."""
-    src = (multi30k_slice / "train.de").read_text(encoding="utf-8").splitlines()[:LEARNING_PAIRS]
-    tgt = (multi30k_slice / "train.en").read_text(encoding="utf-8").splitlines()[:LEARNING_PAIRS]
+def pairs(synthetic_corpus):
+    """The held-out pairs of the synthetic task (source, reference)."""
+    src = read_lines(synthetic_corpus / f"{SPLIT}.de.gz")
+    tgt = read_lines(synthetic_corpus / f"{SPLIT}.en.gz")
     return list(zip(src, tgt))
+
+
+def too_long(source: str) -> str:
+    """``source`` repeated into a line of thousands of subword tokens."""
+    return " ".join([source] * 500)
 
 
 def shuffled_by_length(pairs, n=24, seed=3):
@@ -50,8 +57,8 @@ def shuffled_by_length(pairs, n=24, seed=3):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("beam", [1, 5])
-def test_translates_memorised_pairs_in_input_order(family, beam, trained_slice_models, pairs, tmp_path):
-    _, checkpoint, _ = trained_slice_models[family]
+def test_translates_learnt_pairs_in_input_order(family, beam, trained_synthetic_models, pairs, tmp_path):
+    _, checkpoint, _ = trained_synthetic_models[family]
     chosen = shuffled_by_length(pairs)
     source = tmp_path / "in.de"
     source.write_text("".join(src + "\n" for src, _ in chosen), encoding="utf-8")
@@ -63,13 +70,13 @@ def test_translates_memorised_pairs_in_input_order(family, beam, trained_slice_m
     assert len(hyps) == len(chosen)
     references = [normalize(tgt) for _, tgt in chosen]
     bleu = sacrebleu.corpus_bleu(hyps, [references]).score
-    assert bleu > 70, f"{family} beam {beam}: BLEU {bleu:.1f} on memorised pairs; first lines {hyps[:3]}"
+    assert bleu > 70, f"{family} beam {beam}: BLEU {bleu:.1f} on held-out reversals; first lines {hyps[:3]}"
     exact = sum(h == r for h, r in zip(hyps, references))
     assert exact >= len(chosen) // 2  # in the input order: most lines are their own reference
 
 
-def test_arguments_and_standard_input_give_the_same_lines(trained_slice_models, pairs):
-    _, checkpoint, _ = trained_slice_models["transformer"]
+def test_arguments_and_standard_input_give_the_same_lines(trained_synthetic_models, pairs):
+    _, checkpoint, _ = trained_synthetic_models["transformer"]
     first, second = pairs[0][0], pairs[7][0]
     # one thread in both processes: the same sums, so the same near ties on any machine
     by_args = translate("--checkpoint", checkpoint, "--beam", 3, "--threads", 1, first, second)
@@ -82,8 +89,8 @@ def test_arguments_and_standard_input_give_the_same_lines(trained_slice_models, 
     assert by_args.stderr == by_stdin.stderr == ""
 
 
-def test_nbest_lists_are_sorted_and_indexed(trained_slice_models, pairs):
-    _, checkpoint, _ = trained_slice_models["rnn"]
+def test_nbest_lists_are_sorted_and_indexed(trained_synthetic_models, pairs):
+    _, checkpoint, _ = trained_synthetic_models["rnn"]
     sources = [pairs[i][0] for i in (2, 3, 4)]
     # one sentence a batch: an n-best list keeps its sentence longer in a batch, which would
     # change the other sentences' batch shapes (and kernels) against the plain run below
@@ -118,8 +125,8 @@ def test_nbest_lists_are_sorted_and_indexed(trained_slice_models, pairs):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_alignments_are_well_formed_pharaoh(family, trained_slice_models, pairs):
-    _, checkpoint, _ = trained_slice_models[family]
+def test_alignments_are_well_formed_pharaoh(family, trained_synthetic_models, pairs):
+    _, checkpoint, _ = trained_synthetic_models[family]
     sources = [pairs[i][0] for i in range(10)]
     done = translate("--checkpoint", checkpoint, "--alignments", stdin="\n".join(sources) + "\n")
     assert done.returncode == 0, done.stderr
@@ -151,10 +158,10 @@ def ends_at_once(checkpoint: Path, path: Path) -> Path:
     return path
 
 
-def test_an_empty_translation_keeps_the_tab_of_its_alignment(trained_slice_models, pairs, tmp_path):
+def test_an_empty_translation_keeps_the_tab_of_its_alignment(trained_synthetic_models, pairs, tmp_path):
     """With --alignments every line is 'translation, tab, pairs', also for a sentence translated to
     nothing; only a blank input line stays an empty line."""
-    _, checkpoint, _ = trained_slice_models["rnn"]
+    _, checkpoint, _ = trained_synthetic_models["rnn"]
     silent = ends_at_once(checkpoint, tmp_path / "silent.pt")
     done = translate("--checkpoint", silent, "--alignments", stdin=f"{pairs[0][0]}\n\n{pairs[1][0]}\n")
     assert done.returncode == 0, done.stderr
@@ -164,8 +171,8 @@ def test_an_empty_translation_keeps_the_tab_of_its_alignment(trained_slice_model
     assert nbest.stdout.splitlines()[0].endswith("\t")
 
 
-def test_python_api_translates_like_the_command_line(trained_slice_models, pairs, caplog):
-    _, checkpoint, _ = trained_slice_models["transformer"]
+def test_python_api_translates_like_the_command_line(trained_synthetic_models, pairs, caplog):
+    _, checkpoint, _ = trained_synthetic_models["transformer"]
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     sources = [pairs[i][0] for i in range(6)] + ["  "]
     # the command line's path exactly (fused attention, this process, its threads): the same n-best
@@ -194,9 +201,9 @@ def test_python_api_translates_like_the_command_line(trained_slice_models, pairs
     bleu = sacrebleu.corpus_bleu([r.text for r in greedy], [references]).score
     assert bleu > 70, [
         r.text for r in greedy
-    ]  # memorised pairs: a threshold, not a text that float kernels decide
+    ]  # learnt reversals: a threshold, not a text that float kernels decide
     with caplog.at_level(logging.WARNING, logger="inference.translator"):
-        translator.translate(["", " ".join([pairs[0][0]] * 150)], beam=1, max_len_ratio=0, max_len_extra=2)
+        translator.translate(["", too_long(pairs[0][0])], beam=1, max_len_ratio=0, max_len_extra=2)
     assert "line 2: " in caplog.text and "translating the first 1023" in caplog.text
     with pytest.raises(TypeError, match="list of sentences"):
         translator.translate("Ein Mann.")
@@ -204,8 +211,8 @@ def test_python_api_translates_like_the_command_line(trained_slice_models, pairs
         translator.translate(sources, beam=4, nbest=5)
 
 
-def test_input_that_is_not_utf8_gives_one_error_line(trained_slice_models, tmp_path):
-    _, checkpoint, _ = trained_slice_models["rnn"]
+def test_input_that_is_not_utf8_gives_one_error_line(trained_synthetic_models, tmp_path):
+    _, checkpoint, _ = trained_synthetic_models["rnn"]
     latin1 = tmp_path / "latin1.de"
     latin1.write_bytes("Ein Mann.\nZwei Männer.\n".encode("latin-1"))
     done = translate("--checkpoint", checkpoint, "--input", latin1)
@@ -220,8 +227,8 @@ def test_help_shows_the_search_length_defaults():
     assert f"many tokens (default: {MAX_LEN_EXTRA})" in text
 
 
-def test_plots_one_png_per_sentence(trained_slice_models, pairs, tmp_path):
-    _, checkpoint, _ = trained_slice_models["transformer"]
+def test_plots_one_png_per_sentence(trained_synthetic_models, pairs, tmp_path):
+    _, checkpoint, _ = trained_synthetic_models["transformer"]
     sources = [pairs[0][0], "", pairs[1][0]]
     done = translate(
         "--checkpoint", checkpoint, "--plot", tmp_path / "plots", stdin="\n".join(sources) + "\n"
@@ -235,8 +242,8 @@ def test_plots_one_png_per_sentence(trained_slice_models, pairs, tmp_path):
     assert image.shape[0] > 200 and image.shape[1] > 300
 
 
-def test_output_file_is_replaced_only_when_the_run_succeeds(trained_slice_models, pairs, tmp_path):
-    _, checkpoint, _ = trained_slice_models["rnn"]
+def test_output_file_is_replaced_only_when_the_run_succeeds(trained_synthetic_models, pairs, tmp_path):
+    _, checkpoint, _ = trained_synthetic_models["rnn"]
     out = tmp_path / "out.en"
     out.write_text("earlier output\n")
     failed = translate("--checkpoint", tmp_path / "missing.pt", "--output", out, pairs[0][0])
@@ -247,9 +254,9 @@ def test_output_file_is_replaced_only_when_the_run_succeeds(trained_slice_models
     assert [p.name for p in tmp_path.iterdir()] == ["out.en"]  # no temporary file left
 
 
-def test_too_long_input_is_truncated_with_a_warning(trained_slice_models, pairs):
-    _, checkpoint, _ = trained_slice_models["transformer"]  # max_positions 1024
-    long_line = " ".join([pairs[0][0]] * 150)  # thousands of subword tokens
+def test_too_long_input_is_truncated_with_a_warning(trained_synthetic_models, pairs):
+    _, checkpoint, _ = trained_synthetic_models["transformer"]  # max_positions 1024
+    long_line = too_long(pairs[0][0])
     done = translate(
         "--checkpoint",
         checkpoint,
@@ -290,17 +297,17 @@ def bad_checkpoints(folder: Path, good: Path):
     ]
 
 
-def test_bad_checkpoints_give_one_error_line(trained_slice_models, tmp_path):
-    _, good, _ = trained_slice_models["rnn"]
+def test_bad_checkpoints_give_one_error_line(trained_synthetic_models, tmp_path):
+    _, good, _ = trained_synthetic_models["rnn"]
     for _name, path, expected in bad_checkpoints(tmp_path, good):
         assert_one_error_line(translate("--checkpoint", path, "Ein Mann."), expected)
 
 
-def test_a_checkpoint_with_the_other_familys_config_is_refused(trained_slice_models, tmp_path):
+def test_a_checkpoint_with_the_other_familys_config_is_refused(trained_synthetic_models, tmp_path):
     """RNN weights under the Transformer's model config (say, configs mixed up by hand): one line
     that counts and names the weights that do not fit, no traceback, and no output file."""
-    rnn = load_checkpoint(trained_slice_models["rnn"][1])
-    transformer = load_checkpoint(trained_slice_models["transformer"][1])
+    rnn = load_checkpoint(trained_synthetic_models["rnn"][1])
+    transformer = load_checkpoint(trained_synthetic_models["transformer"][1])
     mixed = tmp_path / "mixed.pt"
     save_checkpoint(dict(rnn, model_config=transformer["model_config"]), mixed)
     out = tmp_path / "out.en"
@@ -338,13 +345,13 @@ def test_a_checkpoint_carrying_code_is_refused_and_nothing_runs(tmp_path):
         (["--input", "README.md", "Ein Mann."], "not both"),
     ],
 )
-def test_bad_options_give_one_error_line(options, expected, trained_slice_models):
-    _, checkpoint, _ = trained_slice_models["rnn"]
+def test_bad_options_give_one_error_line(options, expected, trained_synthetic_models):
+    _, checkpoint, _ = trained_synthetic_models["rnn"]
     assert_one_error_line(translate("--checkpoint", checkpoint, *options), expected)
 
 
-def test_bad_device_and_unwritable_output(trained_slice_models, tmp_path):
-    _, checkpoint, _ = trained_slice_models["rnn"]
+def test_bad_device_and_unwritable_output(trained_synthetic_models, tmp_path):
+    _, checkpoint, _ = trained_synthetic_models["rnn"]
     assert_one_error_line(
         translate("--checkpoint", checkpoint, "--device", "tpu", "Ein Mann."), "not a torch device"
     )
@@ -359,8 +366,8 @@ def test_bad_device_and_unwritable_output(trained_slice_models, tmp_path):
     )
 
 
-def test_output_into_a_read_only_folder(trained_slice_models, read_only_folder):
-    _, checkpoint, _ = trained_slice_models["rnn"]
+def test_output_into_a_read_only_folder(trained_synthetic_models, read_only_folder):
+    _, checkpoint, _ = trained_synthetic_models["rnn"]
     assert_one_error_line(
         translate("--checkpoint", checkpoint, "--output", read_only_folder / "out.en", "Ein Mann."),
         "cannot write --output",
@@ -376,9 +383,9 @@ def test_command_line_errors_come_before_heavy_imports():
     assert done.stdout.split() == ["1", "False"]
 
 
-def test_interactive_prompt_on_a_terminal(trained_slice_models, pairs):
+def test_interactive_prompt_on_a_terminal(trained_synthetic_models, pairs):
     """With a terminal on standard input and no sentences, each line entered is translated at once."""
-    _, checkpoint, _ = trained_slice_models["transformer"]
+    _, checkpoint, _ = trained_synthetic_models["transformer"]
     master, slave = os.openpty()
     process = subprocess.Popen(
         [sys.executable, "translate.py", "--checkpoint", str(checkpoint), "--beam", "2"],

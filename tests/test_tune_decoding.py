@@ -4,7 +4,9 @@ import re
 
 import pytest
 
-from helpers import load_script
+from data.corpus import read_lines
+
+from helpers import SPLIT, load_script
 
 tune = load_script("tune_decoding")
 
@@ -34,11 +36,16 @@ def test_ties_go_to_the_smaller_beam_then_the_alpha_nearer_one():
     assert tune.best_row(zero) == zero[1]  # alpha 0 is a setting of its own, 1.0 away from 1
 
 
-def test_a_trained_model_is_scored_at_every_setting(trained_slice_models, multi30k_slice, tmp_path, capsys):
-    _, checkpoint, _ = trained_slice_models["transformer"]
+def test_a_trained_model_is_scored_at_every_setting(
+    trained_synthetic_models, synthetic_corpus, tmp_path, capsys
+):
+    _, checkpoint, _ = trained_synthetic_models["transformer"]
     src, ref = (tmp_path / "src", tmp_path / "ref")
-    for side, path in (("de", src), ("en", ref)):  # pairs the model has memorised: BLEU far above 0
-        path.write_text("\n".join((multi30k_slice / f"train.{side}").read_text().splitlines()[:40]) + "\n")
+    for side, path in (
+        ("de", src),
+        ("en", ref),
+    ):  # held-out reversals, which the model has learnt: BLEU far above 0
+        path.write_text("\n".join(read_lines(synthetic_corpus / f"{SPLIT}.{side}.gz")[:40]) + "\n")
     args = ["--checkpoint", str(checkpoint), "--src", str(src), "--ref", str(ref), "--beams", "1", "3"]
     assert tune.main([*args, "--alphas", "0.6", "1.0", "--threads", "1", "--device", "cpu"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -63,8 +70,8 @@ def test_a_trained_model_is_scored_at_every_setting(trained_slice_models, multi3
         (["--src", "{missing}", "--ref", "{short}"], "{missing}: file not found"),
     ],
 )
-def test_bad_inputs_are_one_error_line(trained_slice_models, tmp_path, capsys, args, message):
-    _, checkpoint, _ = trained_slice_models["transformer"]
+def test_bad_inputs_are_one_error_line(trained_synthetic_models, tmp_path, capsys, args, message):
+    _, checkpoint, _ = trained_synthetic_models["transformer"]
     paths = {"src": tmp_path / "src", "short": tmp_path / "short", "missing": tmp_path / "missing"}
     paths["src"].write_text("ein Hund .\n" * 40)
     paths["short"].write_text("a dog .\n" * 39)

@@ -12,6 +12,9 @@ TensorBoard's list::
 
 A layer with a single head (the RNN's additive attention: one layer, one head) is drawn as it is,
 without ``_mean`` and without head images: the RNN has the one image ``attention/sent0/cross_layer1``.
+
+Beside the images, every map of every layer and head of the same sentences is stored for the
+attention viewer's TensorBoard tab (``viewer/``): one summary per sentence, ``nmt_attention/sent0``.
 """
 
 from pathlib import Path
@@ -22,6 +25,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from common.settings import flatten
 from inference.figures import attention_figure
+from viewer.format import PLUGIN_NAME, summary_of
+from viewer.summaries import Texts, encode
 
 KINDS = {"cross": "cross-attention", "encoder_self": "encoder self-attention"}  # kind -> title
 
@@ -112,6 +117,24 @@ class Board:
             tag = f"attention/sent{_index(image.b, count)}/{image.tag}"
             self.writer.add_figure(tag, fig, step, close=True)
 
+    def attention_summaries(
+        self,
+        model: str,
+        attention: Mapping[str, Sequence[Tensor]],
+        src_tokens: List[List[str]],
+        out_tokens: List[List[str]],
+        texts: Sequence[Texts],
+        step: int,
+    ) -> None:
+        """Every map of ``attention`` (model family ``model``) for the viewer, one summary for each
+        sentence whose tokens (EOS included) and texts are given."""
+        count = len(src_tokens)
+        for b, (src, out, text) in enumerate(zip(src_tokens, out_tokens, texts)):
+            header, weights = encode(attention, b, src, out, text, model)
+            summary = summary_of(f"{PLUGIN_NAME}/sent{_index(b, count)}", header, weights)
+            # SummaryWriter has no call for a summary built elsewhere; its add_* end in this one
+            self.writer._get_file_writer().add_summary(summary, step)
+
     def samples(
         self, sources: Sequence[str], references: Sequence[str], hypotheses: Sequence[str], step: int
     ) -> None:
@@ -151,6 +174,9 @@ class NullBoard:
         pass
 
     def attention(self, *args: Any) -> None:
+        pass
+
+    def attention_summaries(self, *args: Any) -> None:
         pass
 
     def samples(self, *args: Any) -> None:

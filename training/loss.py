@@ -21,10 +21,10 @@ def label_smoothed_nll(
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     keep = target != pad_id  # (B, T)
     nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    nll = nll.masked_select(keep)  # (N,)
+    nll = nll.masked_select(keep)  # (M,)
     if smoothing > 0:
-        uniform = -log_probs.mean(dim=-1).masked_select(keep)  # (N,)
-        loss = (1.0 - smoothing) * nll + smoothing * uniform  # (N,)
+        uniform = -log_probs.mean(dim=-1).masked_select(keep)  # (M,)
+        loss = (1.0 - smoothing) * nll + smoothing * uniform  # (M,)
     else:
         loss = nll
     return loss.sum(), nll.sum().detach(), keep.sum()

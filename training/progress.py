@@ -39,6 +39,12 @@ class Progress:
         last = f"-{self.batches_done + n_batches}" if n_batches > 1 else ""
         return f"epoch {self.epoch + 1} batch {first}{last}"
 
+    def advance(self, n_batches: int, batches_per_epoch: int) -> None:
+        """``n_batches`` more batches of the epoch trained on; at its end, the next epoch begins."""
+        self.batches_done += n_batches
+        if self.batches_done >= batches_per_epoch:
+            self.epoch, self.batches_done = self.epoch + 1, 0
+
     def count_step(self, seconds: float, tokens: int) -> None:
         """An update was made: its time and target tokens; the run of skipped steps is over."""
         self.bad_in_a_row, self.step_seconds, self.tgt_tokens = (

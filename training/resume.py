@@ -1,14 +1,19 @@
 """Continuing a run from a checkpoint: only with the model, the vocabulary and the settings that
-decide the batches it was trained with (anything else could not give the run it continues)."""
+decide the batches it was trained with (anything else could not give the run it continues); each
+rank's random generators as they were, and what cannot be restored exactly said once."""
 
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
+
+import torch
+from torch import nn
 
 from common.checkpoint import CheckpointError
 from common.settings import NOT_SETTINGS, flatten
-from data.batching import BATCH_ORDER
+from training.checkpoint import set_rng_states
+from training.distributed import World
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +73,6 @@ def check_resumable(
         )
 
 
-def warn_batch_order(payload: Dict[str, Any], path: Path) -> None:
-    """A checkpoint saved by a version that ordered batches otherwise (``batch_order`` 1: before
-    the token store of issue 18) resumes, but its epochs take this version's order: say so."""
-    saved = payload.get("batch_order", 1)
-    if saved != BATCH_ORDER:
-        log.warning(
-            "checkpoint %s was saved with batch order %d, this version has %d: the run continues, but its "
-            "epochs' batches are not those the interrupted run would have had",
-            path,
-            saved,
-            BATCH_ORDER,
-        )
-
-
 def adopt_best(source: Path, ckpt_dir: Path) -> None:
     """A run continued from another run's checkpoint takes that run's ``best.pt`` too (the best
     weights so far belong to this run as well)."""
@@ -96,3 +87,25 @@ def remove_stale_temporaries(ckpt_dir: Path) -> None:
     for stale in ckpt_dir.glob(".*.pt.*.tmp"):
         log.info("removing %s, the temporary file of a save that did not finish", stale)
         stale.unlink()
+
+
+def cudnn_rnn_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` has a torch RNN with dropout between its layers: on CUDA, cuDNN draws those
+    masks from a state of its own that no checkpoint can hold."""
+    return any(isinstance(m, nn.RNNBase) and m.dropout > 0 for m in model.modules())
+
+
+def restore_rngs(payload: Dict[str, Any], world: World, device: torch.device, model: nn.Module) -> None:
+    """This rank's generators from ``payload``; what cannot be restored exactly is logged once."""
+    rngs = payload.get("rng_ranks") or [payload["rng"]]
+    lost: List[str] = []
+    if world.distributed and len(rngs) != world.world_size:
+        lost.append(
+            f"the checkpoint holds the generators of {len(rngs)} rank(s), this run has {world.world_size}: "
+            "each rank takes rank 0's, so dropout masks differ from the interrupted run's"
+        )
+    lost += set_rng_states(rngs[world.rank] if len(rngs) == world.world_size else rngs[0], device)
+    if device.type == "cuda" and cudnn_rnn_dropout(model):
+        lost.append("cuDNN keeps the RNN's dropout state out of reach: its masks after resume are new ones")
+    for what in lost if world.main else []:
+        log.warning("resume on %s is not exact: %s", device, what)

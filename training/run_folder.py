@@ -17,6 +17,8 @@ from typing import Any, Dict, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from training.distributed import world_from_env
+
 
 class RunFolderError(Exception):
     """A run folder that must not or cannot take this run; the message says what to do."""
@@ -111,7 +113,7 @@ class RunFolderCheck(Callback):
     """Hydra callback: refuse a run (one ``error:`` line, exit 1) before Hydra touches its folder."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if int(os.environ.get("RANK", 0)) > 0:  # torchrun: rank 0 checks the run folder, the others use its
+        if not world_from_env().main:  # torchrun: rank 0 checks the run folder, the others use its
             return
         folder = Path(str(config.hydra.run.dir))
         self._refuse_on_error(lambda: claim_run_folder(folder, config.trainer.get("resume")))

@@ -5,10 +5,13 @@ Two kinds:
 - fitted to the run (``linear``, ``cosine``): the rate decays from the peak to ``min_lr`` exactly at
   the run's last step (``horizon``), so the run ends with the small steps that settle the weights
   whatever its length. A run shorter than four warm-ups gets a warm-up of a quarter of its steps.
+
+``Schedule`` is a run's schedule, its horizon included: the trainer asks it for each step's rate.
 """
 
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 OPEN_ENDED = ("inverse_sqrt", "exponential", "constant")
 FITTED = ("linear", "cosine")
@@ -74,3 +77,47 @@ def lr_at(
     else:
         rate = lr
     return max(rate, min_lr)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate of a run: its kind, peak, warm-up, floor and, for a fitted schedule, its
+    horizon (the step where the decay reaches ``min_lr``), fixed when the run starts."""
+
+    kind: str
+    peak: float
+    warmup_steps: int
+    min_lr: float
+    decay_rate: float = 0.5
+    decay_steps: int = 1000
+    horizon: Optional[int] = None
+
+    @classmethod
+    def of_run(cls, tc: Any, run_steps: Optional[int]) -> "Schedule":
+        """The schedule of ``trainer.*`` (``tc``) for a run of ``run_steps`` optimizer steps (None:
+        no step or epoch limit). A fitted schedule ends at ``trainer.schedule_steps``, else there."""
+        horizon = tc.schedule_steps if tc.schedule_steps is not None else run_steps
+        return cls(tc.schedule, tc.lr, tc.warmup_steps, tc.min_lr, tc.decay_rate, tc.decay_steps, horizon)
+
+    def lr(self, step: int) -> float:
+        """The rate of optimizer step ``step`` (1-based): ``lr_at``."""
+        return lr_at(
+            step,
+            self.kind,
+            self.peak,
+            self.warmup_steps,
+            self.decay_rate,
+            self.decay_steps,
+            self.min_lr,
+            self.horizon,
+        )
+
+    def describe(self) -> str:
+        """The log line of the schedule: its peak, warm-up and, when fitted, its end."""
+        if self.kind in FITTED:
+            warmup = fitted_warmup(self.warmup_steps, self.horizon)
+            return (
+                f"schedule: {self.kind}, {warmup} warm-up steps to {self.peak:g}, then down to "
+                f"{self.min_lr:g} at step {self.horizon}"
+            )
+        return f"schedule: {self.kind}, {self.warmup_steps} warm-up steps to {self.peak:g}"

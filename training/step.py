@@ -18,8 +18,6 @@ from training.config import TrainerConfig
 from training.distributed import World
 from training.loss import label_smoothed_nll
 from training.progress import Progress, StepStats
-from training.schedule import FITTED, fitted_warmup, lr_at
-from training.stopping import total_steps
 
 log = logging.getLogger(__name__)
 
@@ -31,31 +29,6 @@ def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer
     return kinds[tc.optimizer](
         model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay
     )
-
-
-def schedule_horizon(tc: TrainerConfig, batches_per_epoch: int) -> Optional[int]:
-    """The step where a fitted schedule (linear, cosine) ends its decay: ``trainer.schedule_steps``,
-    else the run's last step by ``max_steps`` or ``max_epochs``; None when neither tells it."""
-    if tc.schedule_steps is not None:
-        return tc.schedule_steps
-    return total_steps(tc, batches_per_epoch)
-
-
-def describe_schedule(tc: TrainerConfig, horizon: Optional[int]) -> str:
-    """The log line of the learning-rate schedule: its peak, warm-up and, when fitted, its end."""
-    if tc.schedule in FITTED:
-        warmup = fitted_warmup(tc.warmup_steps, horizon)
-        return (
-            f"schedule: {tc.schedule}, {warmup} warm-up steps to {tc.lr:g}, then down to {tc.min_lr:g} "
-            f"at step {horizon}"
-        )
-    return f"schedule: {tc.schedule}, {tc.warmup_steps} warm-up steps to {tc.lr:g}"
-
-
-def learning_rate(step: int, tc: TrainerConfig, horizon: Optional[int] = None) -> float:
-    """The rate of optimizer step ``step`` under the schedule of ``tc`` (``horizon``: see
-    ``schedule_horizon``)."""
-    return lr_at(step, tc.schedule, tc.lr, tc.warmup_steps, tc.decay_rate, tc.decay_steps, tc.min_lr, horizon)
 
 
 def accumulate_gradients(

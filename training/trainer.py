@@ -1,52 +1,46 @@
 """The training loop: a ``Trainer`` holds a run's data, model, optimizer and progress, and
 ``Trainer.fit`` trains them.
 
-Each step is ``training/step.py`` (loss, backward, clip, ``lr_at(step)``, skip of non-finite
-steps), each evaluation ``training/validation.py`` (validation scores, images) followed by
-``last.pt`` / ``best.pt``, and ``training/stopping.py`` says when to stop (limits, early stopping,
-signals, agreed by all ranks). A whole run in its folder is ``training/run.py``.
+Read ``train_epoch`` first: each step takes its batches, the rate of the schedule
+(``training/schedule.py``), accumulates, clips and updates (``training/step.py``), logs, evaluates
+when due (``training/validation.py``, then ``last.pt`` / ``best.pt``) and asks whether to stop
+(``training/stopping.py``). What a reader may skip is kept at the end of the class and in its own
+modules: resuming (``training/resume.py``), stop signals (``training/signals.py``), the run
+folder's lock (``training/run_folder.py``) and the agreement of the ranks under DDP
+(``training/distributed.py``). A whole run in its folder is ``training/run.py``.
 """
 
 import logging
-import random
 import time
+from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.device import autocast_for, pick_device, precision_name, set_tf32, set_threads
-from data.batching import BATCH_ORDER, Batch, TokenBucketSampler, collate
-from data.config import DataConfig, data_config
+from data.batching import Batch, TokenBucketSampler, collate
+from data.config import data_config
 from data.corpus import TRAIN
 from data.loading import collated
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
-from data.sampling import Resegmenter
-from data.specials import PAD_ID
-from data.tokenizer import Tokenizer
-from models.build import ModelConfig, build_model, count_parameters
+from models.build import count_parameters
 from training import distributed
 from training.averaging import ExponentialAverage
 from training.board import Board, NullBoard
-from training.checkpoint import keep_recent, rng_states, set_rng_states, to_cpu
+from training.checkpoint import keep_recent, rng_states, to_cpu
 from training.config import model_config, trainer_config
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
-from training.resume import adopt_best, check_resumable, remove_stale_temporaries, warn_batch_order
+from training.resume import adopt_best, check_resumable, remove_stale_temporaries, restore_rngs
 from training.run_folder import resume_path, unlock_run_folder
+from training.schedule import Schedule
+from training.setup import model_for, resegmenter, seed_everything
 from training.signals import Interrupted, StopRequest
-from training.step import (
-    count_skipped,
-    describe_schedule,
-    learning_rate,
-    make_optimizer,
-    schedule_horizon,
-    train_step,
-)
+from training.step import count_skipped, make_optimizer, train_step
 from training.stopping import agree, stop_reason, total_steps
 from training.validation import draw_samples, log_scores, record, validate
 
@@ -55,37 +49,6 @@ log = logging.getLogger(__name__)
 
 class TrainingError(Exception):
     """A run that cannot go on (or must not start); the message says why and what to do."""
-
-
-def cudnn_rnn_dropout(model: nn.Module) -> bool:
-    """Whether ``model`` has a torch RNN with dropout between its layers: on CUDA, cuDNN draws those
-    masks from a state of its own that no checkpoint can hold."""
-    return any(isinstance(m, nn.RNNBase) and m.dropout > 0 for m in model.modules())
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def model_for(model_cfg: ModelConfig, tokenizer: Tokenizer) -> nn.Module:
-    """The model of ``model_cfg`` for the tokenizer's vocabularies (with separate vocabularies the
-    source and target embeddings cannot be shared, whatever ``model.share_embeddings`` says)."""
-    if not tokenizer.joint and model_cfg.share_embeddings:
-        log.info(
-            "separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared"
-        )
-        model_cfg.share_embeddings = False
-    return build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, PAD_ID)
-
-
-def resegmenter(data: PreparedData, data_cfg: DataConfig, seed: int) -> Optional[Resegmenter]:
-    """The sampler of training segmentations when ``data.sampling_alpha`` is set, else None."""
-    if data_cfg.sampling_alpha is None:
-        return None
-    return Resegmenter(
-        data.tokenizer, data.train_text, data.datasets[TRAIN], data_cfg.sampling_alpha, seed, data_cfg.max_len
-    )
 
 
 class Trainer:
@@ -113,8 +76,8 @@ class Trainer:
         self.autocast = autocast_for(self.device, self.tc.amp)
         self.precision = precision_name(self.device, self.tc.amp, self.tc.tf32)
         # DDP shares the parameters of self.model (saved, evaluated) and all-reduces their gradients.
-        self.ddp = distributed.wrap(self.model, self.world, self.device)
-        self.forward = torch.compile(self.ddp) if self.tc.compile else self.ddp
+        ddp = distributed.wrap(self.model, self.world, self.device)
+        self.forward = torch.compile(ddp) if self.tc.compile else ddp
         if self.world.distributed:
             torch.manual_seed(cfg.seed * 1000 + self.world.rank)  # each rank its own dropout masks
         lengths = self.data.datasets[TRAIN].src_lengths(), self.data.datasets[TRAIN].tgt_lengths()
@@ -128,20 +91,18 @@ class Trainer:
         # the moving average lives on rank 0, which alone evaluates and saves
         use_ema = self.tc.ema_decay is not None and self.world.main
         self.ema = ExponentialAverage(self.model, self.tc.ema_decay) if use_ema else None
-        self.horizon = schedule_horizon(self.tc, len(self.sampler))  # where linear and cosine end
+        self.schedule = Schedule.of_run(self.tc, total_steps(self.tc, len(self.sampler)))
         self.resegmenter = resegmenter(self.data, data_cfg, cfg.seed)
         self.progress = Progress()
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.eval_batch_tokens = self.tc.eval_batch_tokens or self.tc.batch_tokens
         self.board: Optional[Board] = None  # opened by fit(), closed by close()
-        self.stop: Optional[StopRequest] = None  # set while run() handles signals
+        self.stop: Optional[StopRequest] = None  # the signals fit() was given to heed
         self.resumed = False  # whether resume() restored a checkpoint
         self.window = LogWindow()  # the steps since the last log line
         self.max_steps: Optional[int] = None  # the limit of the fit() in progress
-        self.test_weights: Dict[str, Any] = {}  # which weights decoded the test splits (training/run.py)
         self.started = time.perf_counter()  # the clock of the loop; fit() sets it back by the time resumed
 
-    # ----- state -----
     def seconds(self) -> float:
         """Training time so far, evaluations included, earlier lives of a resumed run too."""
         return time.perf_counter() - self.started
@@ -149,92 +110,16 @@ class Trainer:
     def epochs_done(self) -> float:
         return self.progress.epochs_done(len(self.sampler))
 
-    def checkpoint(self, rngs: List[Dict[str, Any]]) -> Dict[str, Any]:
-        """The state that resumes the run; ``rngs``: every rank's generators (``rank_rngs``)."""
-        payload = self.weights_checkpoint(self.model.state_dict())
-        payload |= {
-            "optimizer": to_cpu(self.optimizer.state_dict()),
-            "rng": rngs[0],
-            "batch_order": BATCH_ORDER,
-        }
-        if len(rngs) > 1:  # each rank resumes its own dropout masks
-            payload["rng_ranks"] = rngs
-        if self.ema is not None:
-            payload["ema"] = to_cpu(self.ema.state_dict())
-        return payload
-
-    def weights_checkpoint(self, state: Dict[str, Any]) -> Dict[str, Any]:
-        """A checkpoint of the weights ``state`` that translates but does not resume (no optimizer)."""
-        return {
-            "model": to_cpu(state),
-            "model_config": asdict(self.model_cfg),
-            "tokenizer": self.data.tokenizer.state_dict(),
-            "progress": asdict(self.progress),
-            "config": OmegaConf.to_container(self.cfg, resolve=True),
-            "precision": self.precision,  # of the validation scores: translate.py --dtype auto takes it
-        }
-
-    def resume(self) -> bool:
-        """Restore the state of ``trainer.resume``; whether there was one."""
-        path = resume_path(self.out_dir, self.tc.resume)
-        if path is None:
-            return False
-        payload = load_checkpoint(path)
-        check_resumable(
-            payload,
-            path,
-            asdict(self.model_cfg),
-            OmegaConf.to_container(self.cfg, resolve=True),
-            self.data.tokenizer.state_dict(),
-        )
-        warn_batch_order(payload, path)
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.progress = Progress(**payload["progress"])
-        self.restore_rngs(payload)
-        if self.ema is not None and "ema" in payload:
-            self.ema.load_state_dict(payload["ema"])
-        elif self.ema is not None:
-            log.info("%s holds no weight average: trainer.ema_decay starts one from its weights", path)
-            self.ema = ExponentialAverage(self.model, self.tc.ema_decay)
-        if self.world.main:
-            adopt_best(path, self.ckpt_dir)
-            remove_stale_temporaries(self.ckpt_dir)
-        # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
-        self.progress.bad_in_a_row = 0
-        self.resumed = True
-        p = self.progress
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, p.epoch + 1, p.batches_done)
-        return True
-
-    def rank_rngs(self) -> List[Dict[str, Any]]:
-        """Every rank's generators, in rank order (a collective: every rank calls it at once)."""
-        return distributed.gather(rng_states(), self.device)
-
-    def restore_rngs(self, payload: Dict[str, Any]) -> None:
-        """This rank's generators from ``payload``; what cannot be restored exactly is logged once."""
-        rngs, world = payload.get("rng_ranks") or [payload["rng"]], self.world
-        lost = []
-        if world.distributed and len(rngs) != world.world_size:
-            lost.append(
-                f"the checkpoint holds the generators of {len(rngs)} rank(s), this run has {world.world_size}: "
-                "each rank takes rank 0's, so dropout masks differ from the interrupted run's"
-            )
-        lost += set_rng_states(rngs[world.rank] if len(rngs) == world.world_size else rngs[0], self.device)
-        if self.device.type == "cuda" and cudnn_rnn_dropout(self.model):
-            lost.append(
-                "cuDNN keeps the RNN's dropout state out of reach: its masks after resume are new ones"
-            )
-        for what in lost if world.main else []:
-            log.warning("resume on %s is not exact: %s", self.device, what)
-
     # ----- the loop -----
-    def fit(self, max_steps: Optional[int] = None, evaluate_last: bool = True) -> str:
+    def fit(
+        self, max_steps: Optional[int] = None, evaluate_last: bool = True, stop: Optional[StopRequest] = None
+    ) -> str:
         """Train until a limit of ``trainer.*``, early stopping or ``max_steps`` (a limit of this call);
         the last weights are then evaluated and saved (unless ``evaluate_last`` is false: benchmarks).
-        Returns why training stopped. Call ``close()`` when done with the trainer."""
+        ``stop``: the stop signals to heed (``training/run.py``). Returns why training stopped. Call
+        ``close()`` when done with the trainer."""
         self.open_board()
-        self.max_steps = max_steps
+        self.max_steps, self.stop = max_steps, stop
         self.log_start()
         self.started = time.perf_counter() - self.progress.train_seconds
         try:
@@ -256,36 +141,62 @@ class Trainer:
         batches = self.epoch_batches()
         epoch = p.epoch
         stream = collated(batches[p.batches_done :], lambda b: self.collate(b, epoch), tc.loader_workers)
-        try:
-            return self.train_batches(batches, stream)
-        finally:
-            stream.close()  # ends the loader's workers when the epoch stops early
-
-    def train_batches(self, batches: List[np.ndarray], stream: Iterator[Batch]) -> Optional[str]:
-        """Train on the current epoch's ``batches`` from ``batches_done`` on, collated by ``stream``."""
-        p, tc = self.progress, self.tc
-        while p.batches_done < len(batches):
-            group = batches[p.batches_done : p.batches_done + tc.accumulate]
-            where = p.position(len(group))  # for messages: "epoch 3 batch 117"
-            tick = time.perf_counter()
-            stats = self.train_step([next(stream) for _ in group])
-            seconds = time.perf_counter() - tick
-            p.batches_done += len(group)
-            if p.batches_done >= len(batches):
-                p.epoch, p.batches_done = p.epoch + 1, 0
-            if stats.skipped:
-                self.skip_bad_step(stats, where)  # the step counter stays: no evaluation is due
-            else:
-                p.count_step(seconds, stats.tokens)
-                self.window.add(stats, seconds)
-                if p.step % tc.log_every == 0:
-                    self.log_steps()
-            if self.evaluation_due(stats):
-                self.evaluate()
-            reason = self.agreed_stop()
-            if reason or p.batches_done == 0:  # a stop, or the epoch is over: the next one has its own order
-                return reason
+        with closing(stream):  # ends the loader's workers when the epoch stops early
+            while p.batches_done < len(batches):
+                group = batches[p.batches_done : p.batches_done + tc.accumulate]  # gradient accumulation
+                where, tick = p.position(len(group)), time.perf_counter()  # "epoch 3 batch 117"
+                stats = self.train_step([next(stream) for _ in group])  # rate, accumulate, clip, update
+                seconds = time.perf_counter() - tick
+                p.advance(len(group), len(batches))
+                if stats.skipped:
+                    self.skip_bad_step(stats, where)  # the step counter stays: no evaluation is due
+                else:
+                    self.log_step(stats, seconds)
+                if self.evaluation_due(stats):
+                    self.evaluate()
+                reason = self.agreed_stop()
+                if (
+                    reason or p.batches_done == 0
+                ):  # a stop, or the epoch is over: the next one has its own order
+                    return reason
         return None
+
+    def train_step(self, batches: List[Batch]) -> StepStats:
+        """One optimizer step over ``batches`` at the schedule's rate; counted unless skipped."""
+        lr = self.schedule.lr(self.progress.step + 1)
+        stats = train_step(
+            self.model,
+            self.forward,
+            self.optimizer,
+            batches,
+            lr,
+            self.tc,
+            self.world,
+            self.device,
+            self.autocast,
+        )
+        if not stats.skipped:
+            self.progress.step += 1
+            if self.ema is not None:
+                self.ema.update(self.progress.step)
+        return stats
+
+    def log_step(self, stats: StepStats, seconds: float) -> None:
+        """Count an update's time and tokens; log the steps every ``trainer.log_every``."""
+        self.progress.count_step(seconds, stats.tokens)
+        self.window.add(stats, seconds)
+        if self.progress.step % self.tc.log_every == 0:
+            self.log_steps()
+
+    def skip_bad_step(self, stats: StepStats, where: str) -> None:
+        """Count a skipped update; too many in a row stop the run, with last.pt from before them."""
+        too_many = count_skipped(
+            self.progress, stats, where, self.tc.max_bad_steps, self.ckpt_dir / "last.pt"
+        )
+        self.board.scalars({"train/skipped_steps": self.progress.skipped_steps}, self.progress.step)
+        if too_many:
+            self.save_last()
+            raise TrainingError(too_many)
 
     def evaluation_due(self, stats: StepStats) -> bool:
         """Every ``trainer.eval_every`` steps (a skipped step adds none), else at the end of every epoch."""
@@ -313,60 +224,6 @@ class Trainer:
         if self.resegmenter is not None:  # data.sampling_alpha: this epoch's segmentation
             return collate([self.resegmenter.example(i, epoch) for i in indices])
         return self.data.datasets[TRAIN].batch(indices)
-
-    def train_step(self, batches: List[Batch]) -> StepStats:
-        """One optimizer step over ``batches`` (gradient accumulation); counted unless skipped."""
-        stats = train_step(
-            self.model,
-            self.forward,
-            self.optimizer,
-            batches,
-            learning_rate(self.progress.step + 1, self.tc, self.horizon),
-            self.tc,
-            self.world,
-            self.device,
-            self.autocast,
-        )
-        if not stats.skipped:
-            self.progress.step += 1
-            if self.ema is not None:
-                self.ema.update(self.progress.step)
-        return stats
-
-    def skip_bad_step(self, stats: StepStats, where: str) -> None:
-        """Count a skipped update; too many in a row stop the run, with last.pt from before them."""
-        too_many = count_skipped(
-            self.progress, stats, where, self.tc.max_bad_steps, self.ckpt_dir / "last.pt"
-        )
-        self.board.scalars({"train/skipped_steps": self.progress.skipped_steps}, self.progress.step)
-        if too_many:
-            self.save_last()
-            raise TrainingError(too_many)
-
-    # ----- stopping -----
-    def agreed_stop(self, signal_only: bool = False) -> Optional[str]:
-        """After a step, on every rank at once: a stop signal saves last.pt and raises ``Interrupted``;
-        otherwise the reason to stop that rank 0 sees (None: go on)."""
-        reason = None
-        if self.world.main and not signal_only:
-            reason = stop_reason(self.tc, self.progress, self.seconds() / 60, self.max_steps)
-        signum, reason = agree(self.stop, reason, self.device)
-        if signum is not None:
-            self.interrupt()
-        return reason
-
-    def interrupt(self) -> None:
-        """Save last.pt where training stands and stop with the command that resumes it."""
-        p = self.progress
-        path = self.save_last()
-        self.log_steps()
-        self.board.flush()
-        raise Interrupted(
-            f"{self.stop.name}: stopped at step {p.step} (epoch {p.epoch + 1}, batch {p.batches_done}), saved "
-            f"{path}; resume with: python train.py trainer.resume=auto hydra.run.dir={self.out_dir} "
-            "(and the same overrides)",
-            self.stop.signum,
-        )
 
     # ----- evaluation and checkpoints -----
     def evaluate(self) -> None:
@@ -411,6 +268,27 @@ class Trainer:
         finally:
             self.model.load_state_dict(own)
 
+    def checkpoint(self, rngs: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """The state that resumes the run; ``rngs``: every rank's generators (``rank_rngs``)."""
+        payload = self.weights_checkpoint(self.model.state_dict())
+        payload |= {"optimizer": to_cpu(self.optimizer.state_dict()), "rng": rngs[0]}
+        if len(rngs) > 1:  # each rank resumes its own dropout masks
+            payload["rng_ranks"] = rngs
+        if self.ema is not None:
+            payload["ema"] = to_cpu(self.ema.state_dict())
+        return payload
+
+    def weights_checkpoint(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """A checkpoint of the weights ``state`` that translates but does not resume (no optimizer)."""
+        return {
+            "model": to_cpu(state),
+            "model_config": asdict(self.model_cfg),
+            "tokenizer": self.data.tokenizer.state_dict(),
+            "progress": asdict(self.progress),
+            "config": OmegaConf.to_container(self.cfg, resolve=True),
+            "precision": self.precision,  # of the validation scores: translate.py --dtype auto takes it
+        }
+
     def save_last(self) -> Path:
         """Save the state as it is now (mid-epoch too) as ``last.pt`` (rank 0 writes it)."""
         self.progress.train_seconds = self.seconds()
@@ -420,7 +298,62 @@ class Trainer:
             save_checkpoint(self.checkpoint(rngs), path)
         return path
 
-    # ----- logging and the board -----
+    # ----- run machinery a reader may skip: resume, signals and ranks, the board -----
+    def resume(self) -> bool:
+        """Restore the state of ``trainer.resume``; whether there was one."""
+        path = resume_path(self.out_dir, self.tc.resume)
+        if path is None:
+            return False
+        payload = load_checkpoint(path)
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        check_resumable(payload, path, asdict(self.model_cfg), config, self.data.tokenizer.state_dict())
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.progress = Progress(**payload["progress"])
+        restore_rngs(payload, self.world, self.device, self.model)
+        if self.ema is not None and "ema" in payload:
+            self.ema.load_state_dict(payload["ema"])
+        elif self.ema is not None:
+            log.info("%s holds no weight average: trainer.ema_decay starts one from its weights", path)
+            self.ema = ExponentialAverage(self.model, self.tc.ema_decay)
+        if self.world.main:
+            adopt_best(path, self.ckpt_dir)
+            remove_stale_temporaries(self.ckpt_dir)
+        # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
+        self.progress.bad_in_a_row = 0
+        self.resumed = True
+        p = self.progress
+        log.info("resumed from %s at step %d (epoch %d, batch %d)", path, p.step, p.epoch + 1, p.batches_done)
+        return True
+
+    def rank_rngs(self) -> List[Dict[str, Any]]:
+        """Every rank's generators, in rank order (a collective: every rank calls it at once)."""
+        return distributed.gather(rng_states(), self.device)
+
+    def agreed_stop(self, signal_only: bool = False) -> Optional[str]:
+        """After a step, on every rank at once: a stop signal saves last.pt and raises ``Interrupted``;
+        otherwise the reason to stop that rank 0 sees (None: go on)."""
+        reason = None
+        if self.world.main and not signal_only:
+            reason = stop_reason(self.tc, self.progress, self.seconds() / 60, self.max_steps)
+        signum, reason = agree(self.stop, reason, self.device)
+        if signum is not None:
+            self.interrupt()
+        return reason
+
+    def interrupt(self) -> None:
+        """Save last.pt where training stands and stop with the command that resumes it."""
+        p = self.progress
+        path = self.save_last()
+        self.log_steps()
+        self.board.flush()
+        raise Interrupted(
+            f"{self.stop.name}: stopped at step {p.step} (epoch {p.epoch + 1}, batch {p.batches_done}), saved "
+            f"{path}; resume with: python train.py trainer.resume=auto hydra.run.dir={self.out_dir} "
+            "(and the same overrides)",
+            self.stop.signum,
+        )
+
     def open_board(self) -> None:
         """The run's TensorBoard writer (rank 0; the other ranks write nothing). A resumed run appends
         to its TensorBoard run; events its previous life logged after the checkpoint are dropped."""
@@ -441,7 +374,7 @@ class Trainer:
     def log_start(self) -> None:
         log.info("%s", format_stats(dict(self.data.stats, batches=batch_stats(self.sampler))))
         log.info("%s", describe_setup(self.model_cfg.name, self.params, self.device, self.world, self.tc))
-        log.info("%s", describe_schedule(self.tc, self.horizon))
+        log.info("%s", self.schedule.describe())
 
     def log_steps(self) -> None:
         """Log the steps since the last log line (a line and the ``train/*`` scalars), if any."""

@@ -1,5 +1,6 @@
 """An evaluation during training: validation loss and perplexity, greedy BLEU and chrF, attention
-images and sample translations; the scores decide ``best.pt`` and early stopping."""
+images and the attention viewer's maps, sample translations; the scores decide ``best.pt`` and
+early stopping."""
 
 import logging
 from typing import Callable, ContextManager, Dict, List, Tuple
@@ -15,6 +16,7 @@ from training.board import Board
 from training.evaluate import validation_loss
 from training.metrics import corpus_scores
 from training.progress import Progress
+from viewer.summaries import Texts
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,8 @@ def draw_samples(
     step: int,
     device: torch.device,
 ) -> None:
-    """Attention images and sample text of the first ``n`` validation sentences.
+    """Attention images, the attention viewer's maps and sample text of the first ``n`` validation
+    sentences.
 
     The model's own greedy output ids are fed back teacher-forced, so each image row is the
     attention with which it produced that output token (EOS last when it emitted one).
@@ -68,8 +71,11 @@ def draw_samples(
     attention, src_ids, out_ids = output_attention(model, data.datasets[VALID], found[:n], device)
     src_tokens = [tok.src_pieces(ids) for ids in src_ids]
     tgt_tokens = [tok.tgt_pieces(ids) for ids in out_ids]
+    sources, references = data.sources[VALID][:n], data.references[VALID][:n]
     board.attention(attention, src_tokens, tgt_tokens, step)
-    board.samples(data.sources[VALID][:n], data.references[VALID][:n], hyps[:n], step)
+    texts = [Texts(*sentence) for sentence in zip(sources, references, hyps[:n])]
+    board.attention_summaries(model.cfg.name, attention, src_tokens, tgt_tokens, texts, step)
+    board.samples(sources, references, hyps[:n], step)
 
 
 def log_scores(p: Progress, scores: Dict[str, float], improved: bool, seconds: float) -> None:

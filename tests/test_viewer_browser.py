@@ -1,0 +1,400 @@
+"""The attention viewer (``viewer/``) in a real browser: two tiny real training runs (the RNN and a
+two-layer Transformer) write their attention summaries, a real ``tensorboard`` serves them with the
+plugin, and headless Chromium opens the "Attention" tab.
+
+The test checks what a user sees: the sentence's tokens as text, the weight shown on hover equal to
+the weight training wrote for that cell, another map after picking another layer and head, both
+runs side by side (and a note where the RNN has no such attention), a PNG export, and a browser
+console without errors. With ``VIEWER_SCREENSHOTS=<folder>`` it saves the README's screenshots
+there (``attention_viewer.png``, ``attention_viewer_side_by_side.png``).
+
+Needs Debian's ``chromium`` and ``chromium-driver`` and the ``selenium`` package; skipped, saying
+which is missing, without them.
+"""
+
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import pytest
+
+from helpers import LEARNING_PAIRS, TINY_RNN, learning_overrides, tiny_run, write_slice
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+INSTALL = "apt-get install -y chromium chromium-driver"
+WINDOW = (1600, 1200)
+WAIT = 20  # seconds for the page to show what a step asked for
+TAG = "nmt_attention/sent0"
+SCREENSHOTS = os.environ.get("VIEWER_SCREENSHOTS")
+
+# The quick runs: a few steps of the tiny RNN and of a tiny two-layer Transformer (two layers of
+# two heads: enough to switch layer and head). The RNN is evaluated at steps 2 and 4, the
+# Transformer at step 4 only (its attention images take seconds), so the RNN's step 2 shows
+# beside the Transformer's nearest step.
+QUICK = {
+    "rnn": ["trainer.max_steps=4", "trainer.eval_every=2"],
+    "transformer": [
+        "model=transformer",
+        "model.d_model=32",
+        "model.n_heads=2",
+        "model.ff_size=64",
+        "model.encoder_layers=2",
+        "model.decoder_layers=2",
+        "trainer.max_steps=4",
+        "trainer.eval_every=4",
+    ],
+}
+SAMPLES = ["trainer.attention_samples=2", "trainer.batch_tokens=1000"]
+# The screenshots' runs learn (helpers.LEARNING_FAMILIES, about a minute each): their validation
+# sentences are training pairs they memorise, so the maps show trained attention; three
+# evaluations give the step slider something to show.
+LEARNED = ["trainer.attention_samples=2", "trainer.eval_every=100", "trainer.num_threads=1"]
+
+
+def browser_or_skip() -> None:
+    """Skip the test, saying what is missing and how to install it, without Chromium, its driver or selenium."""
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        pytest.skip(f"{' and '.join(missing)} not found: install them with `{INSTALL}`")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        pytest.skip("selenium is not installed: `pip install selenium`")
+
+
+# ----- the runs and the server ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def logdir(multi30k_dir, multi30k_slice, compose_config, tmp_path_factory) -> Path:
+    """A folder of two finished runs' events, ``rnn`` and ``transformer`` (the runs tensorboard lists)."""
+    browser_or_skip()  # before the training, which a skipped test does not need
+    from training.run import train
+
+    root = tmp_path_factory.mktemp("viewer_runs")
+    for family in QUICK:
+        if SCREENSHOTS:
+            data = memorised_slice(multi30k_dir, root / "memorised")
+            overrides = keep_last(learning_overrides(data, root / "cache", family, "device=cpu", *LEARNED))
+        else:
+            tiny = tiny_run(root / family, multi30k_slice, root / "cache", *SAMPLES)
+            overrides = [o for o in tiny if not o.startswith("hydra.")]
+            if family != "rnn":
+                overrides = [o for o in overrides if o not in TINY_RNN]
+            overrides += QUICK[family]
+        train(compose_config(overrides), root / family)
+        shutil.copytree(root / family / "tb", root / "logs" / family)
+    return root / "logs"
+
+
+def keep_last(overrides: List[str]) -> List[str]:
+    """``overrides`` with only the last value of each key (Hydra refuses a key given twice)."""
+    last = {o.split("=", 1)[0]: o for o in overrides}
+    return list(last.values())
+
+
+def memorised_slice(multi30k_dir: Path, folder: Path) -> Path:
+    """A Multi30k slice whose validation sentences are its first training pairs (made once)."""
+    if not folder.is_dir():
+        write_slice(multi30k_dir, folder, {"train": LEARNING_PAIRS, "test_2016_flickr": 2})
+        for train_file in folder.glob("train.*"):
+            lines = train_file.read_text(encoding="utf-8").splitlines(keepends=True)
+            (folder / train_file.name.replace("train.", "val.")).write_text(
+                "".join(lines[:4]), encoding="utf-8"
+            )
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture(scope="module")
+def board(logdir, tmp_path_factory):
+    """The address of a real ``tensorboard`` serving ``logdir``, once the plugin lists both runs."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("tensorboard") / "tensorboard.log"
+    exe = Path(sys.executable).parent / "tensorboard"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(
+            [str(exe), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        runs, deadline = [], time.monotonic() + 60
+        while time.monotonic() < deadline and len(runs) < 2 and server.poll() is None:
+            try:
+                runs = get_json(f"{url}/data/plugin/nmt_attention/runs")
+            except OSError:
+                pass
+            time.sleep(0.5)
+        assert [r["run"] for r in runs] == ["rnn", "transformer"], log.read_text(errors="replace")[-3000:]
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def written(logdir: Path, run: str, tag: str = TAG):
+    """The summaries of ``tag`` that training wrote in ``run``, read from its events, by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(logdir / run), size_guidance={"tensors": 0})
+    events.Reload()
+    return events.Tensors(tag)
+
+
+def written_sample(logdir: Path, run: str) -> Tuple[Dict, bytes]:
+    """The header and weights of the last evaluation's summary."""
+    header, weights = written(logdir, run)[-1].tensor_proto.string_val
+    return json.loads(header.decode("utf-8")), weights
+
+
+def written_weight(sample: Tuple[Dict, bytes], kind: str, layer: int, head: int, row: int, col: int) -> float:
+    header, weights = sample
+    m = next(m for m in header["maps"] if m["kind"] == kind and m["layer"] == layer)
+    return weights[m["offset"] + ((head - 1) * m["rows"] + row) * m["cols"] + col] / 255
+
+
+# ----- the browser ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def driver(board, tmp_path_factory):
+    """Headless Chromium on the Attention tab of ``board``, switched into the tab's iframe."""
+    os.environ["SE_OFFLINE"] = "true"  # selenium must not try to download a driver
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", f"--window-size={WINDOW[0]},{WINDOW[1]}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    downloads = tmp_path_factory.mktemp("downloads")
+    options.add_experimental_option("prefs", {"download.default_directory": str(downloads)})
+    browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    browser.downloads = downloads
+    try:
+        browser.get(f"{board}/#nmt_attention")
+        frame = WebDriverWait(browser, WAIT).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "iframe[src*='nmt_attention']")
+        )[0]
+        browser.switch_to.frame(frame)
+        WebDriverWait(browser, WAIT).until(lambda d: d.find_elements(By.CSS_SELECTOR, "canvas.map"))
+        yield browser
+    finally:
+        browser.quit()
+
+
+def pick(driver, control: str, value: str) -> None:
+    """Choose ``value`` in the <select> ``control`` and wait until the page has redrawn."""
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element("id", control)).select_by_value(value)
+    settle(driver)
+
+
+def settle(driver) -> None:
+    """Wait until no update is running: the page empties its status line when it has redrawn."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, WAIT).until(lambda d: d.find_element("id", "status").text == "")
+
+
+def panels(driver) -> Dict[str, object]:
+    return {p.get_attribute("data-run"): p for p in driver.find_elements("css selector", "section.panel")}
+
+
+def texts(elements) -> List[str]:
+    return [e.get_attribute("textContent") for e in elements]
+
+
+def map_image(driver, panel) -> str:
+    return driver.execute_script(
+        "return arguments[0].toDataURL();", panel.find_element("css selector", "canvas.map")
+    )
+
+
+def hover(driver, panel, row: int, col: int) -> Tuple[Dict[str, str], str]:
+    """Move the mouse over cell (row, col) of ``panel``'s large map; the hover line's data and text."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = panel.find_element("css selector", "canvas.map")
+    cell = int(driver.find_element("id", "zoom-slider").get_attribute("value"))
+    # Scroll the map to its start and the cell to mid-height, then aim from the canvas's in-view
+    # centre (the centre of its part inside the window: WebDriver's origin for an element).
+    x, y = driver.execute_script(
+        """const [canvas, x, y] = arguments;
+        const box = canvas.closest(".map-scroll");
+        box.scrollTop = 0;
+        box.scrollLeft = 0;
+        window.scrollBy(0, canvas.getBoundingClientRect().top + y - window.innerHeight / 2);
+        const r = canvas.getBoundingClientRect();
+        const cx = (Math.max(r.left, 0) + Math.min(r.right, window.innerWidth)) / 2;
+        const cy = (Math.max(r.top, 0) + Math.min(r.bottom, window.innerHeight)) / 2;
+        return [r.left + x - cx, r.top + y - cy];""",
+        canvas,
+        (col + 0.5) * cell,
+        (row + 0.5) * cell,
+    )
+    title = panel.find_element(
+        "css selector", "h2"
+    )  # off the map first: a mouse that does not move sends no event
+    ActionChains(driver).move_to_element(title).move_to_element_with_offset(
+        canvas, round(x), round(y)
+    ).perform()
+    info = driver.find_element("id", "hover-info")
+    data = {k: info.get_attribute(f"data-{k}") for k in ("run", "row", "col", "weight")}
+    return data, info.text
+
+
+def shown_weight(text: str) -> float:
+    found = re.search(r"(\d+\.\d+)$", text)
+    assert found, f"no weight at the end of the hover line {text!r}"
+    return float(found.group(1))
+
+
+def words(header: Dict, side: str) -> List[str]:
+    """The words of the ``side`` ("src" or "out") tokens of a header: pieces of one word joined, "▁" dropped."""
+    joined: Dict[int, str] = {}
+    for piece, word in zip(header[f"{side}_tokens"], header[f"{side}_words"]):
+        joined[word] = joined.get(word, "") + piece.replace("▁", "")
+    return [joined[w] for w in sorted(joined)]
+
+
+def png_size(path: Path) -> Tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def save_screenshot(driver, name: str, element=None) -> None:
+    """Save a screenshot into ``$VIEWER_SCREENSHOTS`` (when set): the whole window, or one element."""
+    if not SCREENSHOTS:
+        return
+    Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+    if element is not None:
+        element.screenshot(str(Path(SCREENSHOTS) / name))
+        return
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(Path(SCREENSHOTS) / name))
+    driver.switch_to.frame(driver.find_element("css selector", "iframe[src*='nmt_attention']"))
+
+
+# ----- the test ---------------------------------------------------------------------------------
+
+
+def test_the_attention_tab_shows_the_written_maps_of_two_runs(driver, logdir):
+    rnn, transformer = written_sample(logdir, "rnn"), written_sample(logdir, "transformer")
+
+    # the first run (rnn) at its last step: its sentence as text, its tokens as the map's labels
+    settle(driver)
+    shown = panels(driver)["rnn"]
+    header = rnn[0]
+    assert shown.find_element("css selector", "dd.source").text == header["source"]
+    assert shown.find_element("css selector", "dd.reference").text == header["reference"]
+    assert texts(shown.find_elements("css selector", ".row-label")) == header["out_tokens"]
+    assert texts(shown.find_elements("css selector", ".col-label")) == header["src_tokens"]
+
+    # the Transformer, one head at a time: hovering a cell shows the weight written for it
+    pick(driver, "run-select", "transformer")
+    header = transformer[0]
+    assert (
+        texts(panels(driver)["transformer"].find_elements("css selector", ".row-label"))
+        == header["out_tokens"]
+    )
+    pick(driver, "layer-select", "1")
+    pick(driver, "head-select", "1")
+    first_map = map_image(driver, panels(driver)["transformer"])
+    row, col = 1, 2
+    for layer, head in ((1, 1), (2, 2)):
+        if layer == 2:  # the small map of layer 2, head 2 picks it
+            panels(driver)["transformer"].find_element(
+                "css selector", ".thumb[data-layer='2'][data-head='2']"
+            ).click()
+            settle(driver)
+            assert map_image(driver, panels(driver)["transformer"]) != first_map
+        data, text = hover(driver, panels(driver)["transformer"], row, col)
+        assert (data["run"], data["row"], data["col"]) == ("transformer", str(row), str(col)), text
+        expected = written_weight(transformer, "cross", layer, head, row, col)
+        assert abs(shown_weight(text) - expected) <= 1 / 255, (layer, head, text, expected)
+        assert f"{header['out_tokens'][row]} → {header['src_tokens'][col]}" in text
+    save_screenshot(driver, "attention_viewer.png")
+
+    # the RNN beside it: where it has no such map its panel says so, else both show their map
+    pick(driver, "compare-select", "rnn")
+    pick(driver, "kind-select", "encoder_self")
+    both = panels(driver)
+    assert set(both) == {"transformer", "rnn"}
+    assert both["transformer"].find_elements("css selector", "canvas.map")
+    assert "no encoder self attention" in both["rnn"].find_element("css selector", ".missing").text
+    pick(driver, "kind-select", "cross")  # still layer 2: the RNN has one layer
+    assert (
+        "no layer 2 of cross attention" in panels(driver)["rnn"].find_element("css selector", ".missing").text
+    )
+    pick(driver, "layer-select", "1")
+    pick(driver, "head-select", "mean")
+    both = panels(driver)
+    assert all(p.find_elements("css selector", "canvas.map") for p in both.values())
+    assert texts(both["rnn"].find_elements("css selector", ".row-label")) == rnn[0]["out_tokens"]
+    pick(driver, "units-select", "words")  # one row and one column per word
+    both = panels(driver)
+    assert texts(both["rnn"].find_elements("css selector", ".row-label")) == words(rnn[0], "out")
+    assert texts(both["transformer"].find_elements("css selector", ".col-label")) == words(
+        transformer[0], "src"
+    )
+    save_screenshot(driver, "attention_viewer_side_by_side.png", driver.find_element("id", "panels"))
+    pick(driver, "units-select", "subwords")
+    both = panels(driver)
+
+    # export: a PNG of the large map with its labels, so larger than the map's canvas
+    canvas = both["transformer"].find_element("css selector", "canvas.map")
+    both["transformer"].find_element("css selector", "button.export").click()
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and not list(driver.downloads.glob("*.png")):
+        time.sleep(0.2)
+    exported = list(driver.downloads.glob("*.png"))
+    assert len(exported) == 1, list(driver.downloads.iterdir())
+    width, height = png_size(exported[0])
+    assert width > canvas.size["width"] and height > canvas.size["height"]
+
+    # the RNN's first step as the main run: the Transformer beside it at its nearest step
+    pick(driver, "run-select", "rnn")  # the runs swap places
+    driver.execute_script(
+        "const s = document.getElementById('step-slider'); s.value = 0; s.dispatchEvent(new Event('input'));"
+    )
+    settle(driver)
+    first = written(logdir, "rnn")[0].step
+    nearest = min((e.step for e in written(logdir, "transformer")), key=lambda s: (abs(s - first), s))
+    both = panels(driver)
+    assert list(both) == ["rnn", "transformer"]
+    assert f"step {first}" in both["rnn"].find_element("css selector", ".meta").text
+    assert f"step {nearest}" in both["transformer"].find_element("css selector", ".meta").text
+
+    # the browser console has no errors (TensorBoard's page and the tab's)
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors

@@ -1,0 +1,96 @@
+"""One sentence's attention as the viewer stores it (``viewer/format.py``): every map of the model,
+every layer and every head, with the sentence's tokens, words and texts.
+
+The attention is a model's ``forward(..., need_weights=True)`` output (``models/seq2seq.py``) over
+a batch in which the model's own output was fed back teacher-forced
+(``inference/decoding.py``: ``output_attention``); the maps of sentence ``b`` are cut to its real
+tokens:
+
+    cross         (H, T, S)   output tokens over source tokens
+    encoder_self  (H, S, S)   source over source
+    decoder_self  (H, T, T)   output tokens over the decoder's inputs (``<s>``, then the outputs)
+
+The training side only: this module uses torch; the plugin reads summaries through
+``viewer/format.py`` alone.
+"""
+
+from typing import Iterator, List, Mapping, NamedTuple, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from data.specials import BOS_ID, EOS_ID, SPECIAL_TOKENS
+from inference.alignment import word_ids
+from viewer.format import KINDS, SCALE, VERSION, Header
+
+PIECE = {i: piece for piece, i in SPECIAL_TOKENS.items()}  # id -> piece of the special tokens
+
+
+class Texts(NamedTuple):
+    """A sentence's source, reference and hypothesis as text (detokenized)."""
+
+    source: str
+    reference: str
+    hypothesis: str
+
+
+def words_of(pieces: Sequence[str]) -> List[int]:
+    """The word index of each piece (``word_ids``); a final EOS is a word of its own: it ends the
+    sentence but belongs to no word (alignments drop it too)."""
+    if pieces and pieces[-1] == PIECE[EOS_ID]:
+        words = word_ids(pieces[:-1])
+        return words + [words[-1] + 1 if words else 0]
+    return word_ids(pieces)
+
+
+def sentence_maps(
+    attention: Mapping[str, Sequence[Tensor]], b: int, n_src: int, n_out: int
+) -> Iterator[Tuple[str, int, Tensor]]:
+    """``(kind, layer (1-based), (H, rows, cols) weights)`` of every map of sentence ``b``, cut to its
+    ``n_src`` source and ``n_out`` output tokens; kinds in ``KINDS`` order, layers first to last."""
+    sizes = {"cross": (n_out, n_src), "encoder_self": (n_src, n_src), "decoder_self": (n_out, n_out)}
+    for kind in KINDS:
+        rows, cols = sizes[kind]
+        for layer, weights in enumerate(attention.get(kind, ()), start=1):  # (B, H, query, key)
+            yield kind, layer, weights[b, :, :rows, :cols]  # (H, rows, cols)
+
+
+def quantize(weights: Tensor) -> bytes:
+    """Weights in [0, 1] as uint8 bytes (``round(w * SCALE)``), row-major."""
+    scaled = (weights.detach().float().clamp(0.0, 1.0) * SCALE).round()
+    return scaled.to(torch.uint8).cpu().contiguous().numpy().tobytes()
+
+
+def encode(
+    attention: Mapping[str, Sequence[Tensor]],
+    b: int,
+    src_tokens: Sequence[str],
+    out_tokens: Sequence[str],
+    texts: Texts,
+    model: str,
+) -> Tuple[Header, bytes]:
+    """The header and the weights blob of sentence ``b`` of ``attention``; ``src_tokens`` and
+    ``out_tokens`` are its pieces (EOS included), ``model`` the family ("rnn" or "transformer")."""
+    maps, blobs, offset = [], [], 0
+    for kind, layer, weights in sentence_maps(attention, b, len(src_tokens), len(out_tokens)):
+        heads, rows, cols = weights.shape
+        maps.append(
+            {"kind": kind, "layer": layer, "heads": heads, "rows": rows, "cols": cols, "offset": offset}
+        )
+        blobs.append(quantize(weights))
+        offset += len(blobs[-1])
+    header = {
+        "version": VERSION,
+        "model": model,
+        **texts._asdict(),
+        "src_tokens": list(src_tokens),
+        "out_tokens": list(out_tokens),
+        # the decoder's input at each position: the keys of decoder_self
+        "in_tokens": [PIECE[BOS_ID], *out_tokens[:-1]],
+        "src_words": words_of(src_tokens),
+        "out_words": words_of(out_tokens),
+        "maps": maps,
+        "dtype": "uint8",
+        "scale": SCALE,
+    }
+    return header, b"".join(blobs)
