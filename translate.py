@@ -267,7 +267,9 @@ def write_plots(folder: Path, results: List["Translation"], first_index: int = 0
             continue
         index = first_index + offset
         title = f"sentence {index}: word attention (output x source)"
-        fig = attention_figure(best.words, best.src_words, best.out_words, title, "source", "output")
+        fig = attention_figure(
+            best.words, best.src_words, best.out_words, title, "source", "output", card_px=None
+        )  # a file of its own: as wide as every source word's label needs
         fig.savefig(folder / f"{index:0{width}d}.png")
         plt.close(fig)
 

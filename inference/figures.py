@@ -6,12 +6,13 @@ and its fonts follow from that width (``CARD_WIDTH_PX``), not from fixed points:
 drawn at ``PIXELS_PER_CARD_PIXEL`` times the card's width with labels that come out
 ``LABEL_PX`` high on the screen. A long sentence makes the figure taller (one label per row,
 always) and labels every k-th column when the columns cannot all have a readable label; text never
-gets smaller. The attention viewer's tab (``viewer/``) shows every label of any length.
+gets smaller. A figure that is a file of its own (``translate.py --plot``) grows wide instead and
+labels every column. The attention viewer's tab (``viewer/``) shows every label of any length.
 """
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import matplotlib
 
@@ -40,13 +41,17 @@ class Layout:
     x_step: int
 
 
-def layout(rows: int, cols: int, longest_x: int, card_px: int = CARD_WIDTH_PX) -> Layout:
+def layout(rows: int, cols: int, longest_x: int, card_px: Optional[int] = CARD_WIDTH_PX) -> Layout:
     """The layout of a ``rows`` x ``cols`` map whose longest column label has ``longest_x``
-    characters, for a card ``card_px`` pixels wide."""
+    characters, for a card ``card_px`` pixels wide; ``card_px`` None: a figure of its own (a file
+    of ``translate.py --plot``), as wide as every column's label needs, at least a card's width."""
     font_px = LABEL_PX * PIXELS_PER_CARD_PIXEL  # on the image
     pitch = font_px * LINE
-    width_px = card_px * PIXELS_PER_CARD_PIXEL
-    x_step = max(1, math.ceil(cols * font_px * COLUMN_LINE / (width_px * PLOT_SHARE)))
+    columns_px = cols * font_px * COLUMN_LINE / PLOT_SHARE  # the width that labels every column
+    width_px = (card_px or CARD_WIDTH_PX) * PIXELS_PER_CARD_PIXEL
+    if card_px is None:
+        width_px = max(width_px, math.ceil(columns_px))
+    x_step = max(1, math.ceil(columns_px / width_px))
     # the map's rows, the rotated column labels below it, and the title and axis labels
     height_px = max(rows, 4) * pitch + longest_x * CHAR * font_px + 5 * pitch
     return Layout(width_px / DPI, height_px / DPI, font_px * 72 / DPI, x_step)
@@ -59,10 +64,11 @@ def attention_figure(
     title: str,
     x_label: str,
     y_label: str,
-    card_px: int = CARD_WIDTH_PX,
+    card_px: Optional[int] = CARD_WIDTH_PX,
 ):
     """A heatmap of ``(len(y_tokens), len(x_tokens))`` weights with the tokens as tick labels,
-    readable in a card ``card_px`` pixels wide (``layout``)."""
+    readable in a card ``card_px`` pixels wide, or with every column labelled when it is None
+    (``layout``)."""
     rows, cols = len(y_tokens), len(x_tokens)
     size = layout(rows, cols, max((len(t) for t in x_tokens), default=1), card_px)
     fig, ax = plt.subplots(figsize=(size.width, size.height), dpi=DPI)

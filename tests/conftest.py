@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import LEARNING_FAMILIES, ROOT, compose, deadline, learning_overrides, write_slice
+from helpers import ROOT, compose, deadline, learning_overrides, train_once, write_slice
 
 TEST_SECONDS = 600  # far above the slowest test: a test that hangs fails, not the CI's whole budget
 
@@ -108,24 +108,12 @@ def compose_config():
 
 
 @pytest.fixture(scope="session")
-def trained_slice_models(multi30k_slice, compose_config, tmp_path_factory):
-    """Each family trained for real (300 steps) on the first 200 training pairs of the slice, once
-    per session; ``{family: (trainer, checkpoint path, seconds)}``. Used by the learning test and
-    by the translate.py tests (a model that has memorised its training pairs translates them)."""
-    import time
-
-    from training.trainer import Trainer
-
-    models = {}
-    for family in LEARNING_FAMILIES:
-        run = tmp_path_factory.mktemp(f"learn_{family}")
-        overrides = learning_overrides(multi30k_slice, run / "cache", family)
-        trainer = Trainer(compose_config(overrides), run)
-        start = time.perf_counter()
-        trainer.fit()  # trainer.max_steps, then one evaluation that writes last.pt and best.pt
-        trainer.close()
-        models[family] = (trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start)
-    return models
+def trained_slice_transformer(multi30k_slice, compose_config, tmp_path_factory):
+    """A small Transformer trained for real (300 steps) on the first 200 training pairs of the
+    slice, once per session: ``(trainer, checkpoint path, seconds)``. The CTranslate2 tests export
+    it and decode real sentences with both engines (a model that has memorised its pairs)."""
+    run = tmp_path_factory.mktemp("learn_transformer")
+    return train_once(compose_config(learning_overrides(multi30k_slice, run / "cache", "transformer")), run)
 
 
 @pytest.fixture(scope="session")
@@ -141,22 +129,14 @@ def synthetic_corpus(tmp_path_factory) -> Path:
 def trained_synthetic_models(synthetic_corpus, compose_config, tmp_path_factory):
     """Each family trained for real on the synthetic task (``SYNTHETIC_FAMILIES`` in helpers.py),
     once per session; ``{family: (trainer, checkpoint path, seconds)}``. A model that has learnt
-    the reversal translates unseen sequences: the learning test and the tests of what is done
+    the reversal translates unseen sequences: the learning test (test_synthetic.py) and the tests of what is done
     with a trained model (translate.py, its options, decoding tuning) use them."""
-    import time
-
-    from training.trainer import Trainer
-
     from helpers import synthetic_learning_overrides
 
     models = {}
     for family in ("rnn", "transformer"):
         run = tmp_path_factory.mktemp(f"synthetic_{family}")
-        trainer = Trainer(
+        models[family] = train_once(
             compose_config(synthetic_learning_overrides(synthetic_corpus, run / "cache", family)), run
         )
-        start = time.perf_counter()
-        trainer.fit()  # trainer.max_steps, then one evaluation that writes last.pt and best.pt
-        trainer.close()
-        models[family] = (trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start)
     return models

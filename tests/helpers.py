@@ -213,6 +213,18 @@ def write_slice(source: Path, target: Path, sizes) -> Path:
 LEARNING_PAIRS = 200
 
 
+def train_once(cfg, run: Path) -> Tuple[Any, Path, float]:
+    """A ``Trainer`` of ``cfg`` trained in ``run`` (``fit``: to trainer.max_steps, then one
+    evaluation that writes last.pt and best.pt): ``(trainer, last.pt, seconds)``."""
+    from training.trainer import Trainer
+
+    trainer = Trainer(cfg, run)
+    start = time.perf_counter()
+    trainer.fit()
+    trainer.close()
+    return trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start
+
+
 LEARNING_FAMILIES = {
     "transformer": [
         "model=transformer",
@@ -238,7 +250,7 @@ LEARNING_FAMILIES = {
 
 
 def learning_overrides(slice_dir: Path, cache: Path, family: str, *extra: str) -> List[str]:
-    """The overrides of a learning run (``trained_slice_models`` in conftest.py, and the gpu tests):
+    """The overrides of a learning run (``trained_slice_transformer`` in conftest.py, and the gpu tests):
     ``family`` trained for 300 steps on the first ``LEARNING_PAIRS`` pairs of a Multi30k slice, no
     evaluation but the last; ``extra`` adds to them (the device, ``trainer.amp``)."""
     return [

@@ -3,7 +3,8 @@
 The source is a random sequence of 3 to 8 words drawn from ``WORDS`` (the letters a to t); the
 target is the same sequence reversed. A model learns it in a few hundred steps on the CPU, which a
 slice of Multi30k cannot offer, and an untrained model gets it almost never right, so tests that
-need "a model that has learnt something" (resume, checkpoints, translate.py, search) run on it;
+need "a model that has learnt something" (translate.py and its options, decoding tuning,
+checkpoint averaging) run on it;
 tests where real text matters (tokenization, BLEU on real sentences) keep Multi30k.
 
 The corpus is written in the raw layout that ``data.root=DIR`` reads (``{split}.{lang}.gz``,

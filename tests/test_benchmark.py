@@ -8,13 +8,13 @@ import pytest
 
 from helpers import ROOT, load_script
 
-pytestmark = pytest.mark.slow  # a real benchmark run (and the trained slice models)
+pytestmark = pytest.mark.slow  # a real benchmark run (and a trained model)
 
 
 def test_train_benchmark_measures_throughput_memory_and_decoding(
-    multi30k_slice, trained_slice_models, tmp_path
+    multi30k_slice, trained_synthetic_models, tmp_path
 ):
-    _, checkpoint, _ = trained_slice_models["rnn"]
+    _, checkpoint, _ = trained_synthetic_models["rnn"]  # any RNN checkpoint: its decoding is timed
     out = tmp_path / "bench"
     done = subprocess.run(
         [

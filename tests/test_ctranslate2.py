@@ -1,5 +1,5 @@
-"""The CTranslate2 export (deploy/, scripts/export_ctranslate2.py, translate.py --engine ctranslate2),
-with the real engine, on the Transformer of ``trained_slice_models`` (conftest.py): it has memorised
+"""The CTranslate2 export (inference/ctranslate2_*.py, scripts/export_ctranslate2.py, translate.py --engine ctranslate2),
+with the real engine, on the Transformer of ``trained_slice_transformer`` (conftest.py): it has memorised
 200 Multi30k training pairs, and decodes 200 real validation sentences it has never seen.
 
 Exports of the other layouts (post-norm, learned positions) are made from that checkpoint with
@@ -33,8 +33,8 @@ VALID_SENTENCES = 200
 
 
 @pytest.fixture(scope="module")
-def checkpoint(trained_slice_models):
-    return trained_slice_models["transformer"][1]
+def checkpoint(trained_slice_transformer):
+    return trained_slice_transformer[1]
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +201,9 @@ def test_separate_vocabularies_export(checkpoint, valid_sources, tmp_path):
     assert sum(a == b for a, b in zip(ours, engine)) >= 0.95 * len(sentences)  # a vocabulary mix-up: ~0
 
 
-def test_an_rnn_checkpoint_is_refused_in_one_line(trained_slice_models, tmp_path):
+def test_an_rnn_checkpoint_is_refused_in_one_line(trained_synthetic_models, tmp_path):
     out = tmp_path / "export"
-    done = script_run(trained_slice_models["rnn"][1], out)
+    done = script_run(trained_synthetic_models["rnn"][1], out)
     assert_one_error_line(done, "CTranslate2 runs Transformers only")
     assert not out.exists() and list(tmp_path.iterdir()) == []
 

@@ -47,3 +47,12 @@ def test_a_long_sentence_makes_the_figure_taller_never_the_text_smaller():
 def test_a_wider_card_gives_a_wider_figure_with_the_same_text():
     assert layout(10, 10, 8, card_px=400).width > layout(10, 10, 8).width
     assert layout(10, 10, 8, card_px=400).font_pt == layout(10, 10, 8).font_pt
+
+
+def test_a_figure_of_its_own_labels_every_column_however_many():
+    """translate.py --plot: no card to fit, so a long sentence makes the figure wider instead."""
+    words = [f"w{i}" for i in range(64)]
+    fig = attention_figure(torch.rand(5, 64), words, words[:5], "t", "x", "y", card_px=None)
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == words
+    assert layout(5, 64, 3, card_px=None).width > layout(5, 64, 3).width
+    assert layout(5, 4, 3, card_px=None).width == layout(5, 4, 3).width  # a short one: a card's width

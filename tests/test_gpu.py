@@ -7,9 +7,10 @@ with CUDA at hand, ``python -m pytest -m gpu tests/test_gpu.py`` runs them direc
 names its device (``device=cuda``, ``--device cuda``): a test that fell back to the CPU would
 pass for the wrong reason.
 
-The models are those of ``trained_slice_models`` (conftest.py: 300 steps on 200 pairs of the
-Multi30k slice), trained here on CUDA, so the thresholds are those of the CPU tests
-(tests/test_learning.py, tests/test_translate.py).
+The models are those of ``helpers.learning_overrides`` (300 steps on 200 pairs of the Multi30k
+slice; the CPU suite trains its Transformer in ``trained_slice_transformer``, conftest.py), trained
+here on CUDA, so the thresholds are those of the CPU tests (tests/test_ctranslate2.py: above 80
+BLEU on the memorised pairs).
 """
 
 import json
@@ -59,7 +60,7 @@ STEPS = 300  # LEARNING_FAMILIES' trainer.max_steps
 
 
 def slice_run(slice_dir: Path, cache: Path, family: str, amp: bool):
-    """The overrides of ``trained_slice_models`` (conftest.py) on CUDA, with ``trainer.amp`` set
+    """The overrides of ``learning_overrides`` (helpers.py) on CUDA, with ``trainer.amp`` set
     and a loss logged every 50 steps."""
     return learning_overrides(
         slice_dir, cache, family, "device=cuda", "trainer.log_every=50", f"trainer.amp={str(amp).lower()}"
@@ -111,7 +112,7 @@ def free_port() -> int:
 @pytest.mark.parametrize("amp", [True, False], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_model_family_learns_on_cuda(family, amp, cuda_run):
-    """As tests/test_learning.py on the CPU: above 80 BLEU on its own 200 training pairs (greedy, in
+    """As the slice Transformer on the CPU: above 80 BLEU on its own 200 training pairs (greedy, in
     the run's precision), and the loss of the last 50 steps far below that of the first 50."""
     trainer, _ = cuda_run(family, amp)
     assert trainer.device.type == "cuda" and next(trainer.model.parameters()).is_cuda

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 
 from training.board import Board
 from viewer.format import PLUGIN_NAME, SCALE, decode, spans, summary_of
-from viewer.plugin import AttentionLoader
+from viewer.plugin import AttentionLoader, at_step, sentence_number
 from viewer.summaries import Texts, encode, words_of
 
 from helpers import TINY_RNN, compose, tiny_run
@@ -117,6 +117,16 @@ def test_a_weights_blob_that_does_not_match_its_header_is_refused():
         decode(json.dumps(header).encode(), weights[:-1])
     with pytest.raises(ValueError, match="version"):
         decode(json.dumps(dict(header, version=2)).encode(), weights)
+
+
+def test_steps_must_be_plain_numbers_and_sentences_sort_by_number():
+    from tensorboard import errors
+
+    for step in ("²", "-1", "1.5", "x"):
+        with pytest.raises(errors.InvalidArgumentError):
+            at_step([], step)
+    tags = [f"{PLUGIN_NAME}/sent{i}" for i in (10, 2, 0, 1)]
+    assert sorted(tags, key=sentence_number) == [f"{PLUGIN_NAME}/sent{i}" for i in (0, 1, 2, 10)]
 
 
 def test_the_plugin_side_imports_no_torch():

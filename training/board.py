@@ -128,10 +128,10 @@ class Board:
     ) -> None:
         """Every map of ``attention`` (model family ``model``) for the viewer, one summary for each
         sentence whose tokens (EOS included) and texts are given."""
-        count = len(src_tokens)
         for b, (src, out, text) in enumerate(zip(src_tokens, out_tokens, texts)):
             header, weights = encode(attention, b, src, out, text, model)
-            summary = summary_of(f"{PLUGIN_NAME}/sent{_index(b, count)}", header, weights)
+            # unpadded, so that runs with other trainer.attention_samples line up (the plugin sorts by number)
+            summary = summary_of(f"{PLUGIN_NAME}/sent{b}", header, weights)
             # SummaryWriter has no call for a summary built elsewhere; its add_* end in this one
             self.writer._get_file_writer().add_summary(summary, step)
 

@@ -155,9 +155,8 @@ class Trainer:
                 if self.evaluation_due(stats):
                     self.evaluate()
                 reason = self.agreed_stop()
-                if (
-                    reason or p.batches_done == 0
-                ):  # a stop, or the epoch is over: the next one has its own order
+                # a stop, or the epoch is over: the next one has its own order
+                if reason or p.batches_done == 0:
                     return reason
         return None
 

@@ -23,7 +23,7 @@ which names ``AttentionLoader``: it makes TensorBoard keep every evaluation of t
 import base64
 import functools
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from tensorboard import errors, plugin_util
 from tensorboard.backend import http_util
@@ -77,12 +77,18 @@ def at_step(series: List[provider.BlobSequenceDatum], step: Optional[str]) -> pr
     """The datum of ``step`` (a query's text) in a series sorted by step; the last one when ``step`` is None."""
     if step is None:
         return series[-1]
-    if not step.isdigit():
+    if not (step.isascii() and step.isdigit()):
         raise errors.InvalidArgumentError(f"step {step!r} is not a step number")
     found = [d for d in series if d.step == int(step)]
     if not found:
         raise errors.NotFoundError(f"no step {step} in this run and tag")
     return found[-1]
+
+
+def sentence_number(tag: str) -> Tuple[int, str]:
+    """The sort key of a tag ``nmt_attention/sent<i>``: ``i``, so that sent10 comes after sent9."""
+    digits = tag[len(tag.rstrip("0123456789")) :]
+    return (int(digits) if digits else -1, tag)
 
 
 class AttentionPlugin(base_plugin.TBPlugin):
@@ -127,7 +133,10 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def _runs(self, request: wrappers.Request) -> wrappers.Response:
         ctx, eid = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
         series = self._data.list_blob_sequences(ctx, experiment_id=eid, plugin_name=PLUGIN_NAME)
-        runs = [{"run": run, "sentences": sorted(tags)} for run, tags in sorted(series.items())]
+        runs = [
+            {"run": run, "sentences": sorted(tags, key=sentence_number)}
+            for run, tags in sorted(series.items())
+        ]
         return http_util.Respond(request, runs, "application/json")
 
     @json_errors
@@ -159,8 +168,15 @@ class AttentionPlugin(base_plugin.TBPlugin):
     def _read(self, request: wrappers.Request, datum: provider.BlobSequenceDatum) -> Dict[str, Any]:
         """The header of one stored sentence plus its weights in base64."""
         ctx = plugin_util.context(request.environ)
-        header_blob, weights = (self._data.read_blob(ctx, blob_key=ref.blob_key) for ref in datum.values[:2])
-        header = decode(header_blob, weights)
+        if len(datum.values) != 2:
+            raise errors.InvalidArgumentError(
+                f"step {datum.step}: {len(datum.values)} blobs, not a header and weights"
+            )
+        header_blob, weights = (self._data.read_blob(ctx, blob_key=ref.blob_key) for ref in datum.values)
+        try:
+            header = decode(header_blob, weights)
+        except (ValueError, KeyError, TypeError) as error:  # another format version, or a damaged summary
+            raise errors.InvalidArgumentError(f"step {datum.step}: {error}") from None
         return dict(header, weights=base64.b64encode(weights).decode("ascii"))
 
 

@@ -353,6 +353,7 @@ function buildControls() {
   });
   ui.step = el("input", { id: "step-slider", type: "range", min: 0, max: 0, step: 1 });
   ui.step.addEventListener("input", () => {
+    if (!state.steps.length) return; // nothing evaluated yet
     state.step = state.steps[Number(ui.step.value)].step;
     update();
   });
@@ -407,6 +408,7 @@ function togglePlay() {
     stopPlaying();
     return;
   }
+  if (!state.steps.length) return; // nothing to play yet
   if (Number(ui.step.value) >= state.steps.length - 1) state.step = state.steps[0].step;
   ui.play.textContent = "■ stop";
   update();
@@ -429,6 +431,9 @@ function stopPlaying() {
 
 /** Forget what was fetched and read the runs again (after training wrote more). */
 async function reload() {
+  // at the last step, follow training to its newest evaluation; a step chosen earlier stays
+  const last = state.steps.length ? state.steps[state.steps.length - 1].step : null;
+  if (state.step === last) state.step = null;
   cache.steps.clear();
   cache.samples.clear();
   await loadRuns();
@@ -471,6 +476,7 @@ export async function render() {
 
 /** Fetch the samples of the chosen run(s) and redraw every panel. */
 async function update() {
+  if (!state.runs.length) return; // "no attention samples yet" stays on the page
   const ticket = ++updates;
   setStatus("loading…");
   try {
@@ -721,6 +727,10 @@ function exportPng(panel, matrix, link) {
   paintCells(ctx, matrix, cell, left, top);
 
   canvas.toBlob((blob) => {
+    if (blob === null) {
+      setStatus("This map is too large for a PNG at this zoom: zoom out and export again.", true);
+      return;
+    }
     if (link.href) URL.revokeObjectURL(link.href);
     link.href = URL.createObjectURL(blob);
     link.download = `attention_${panel.run}_step${panel.step}_${state.kind}_layer${state.layer}_${state.head}.png`.replace(/[^\w.-]+/g, "_");
