@@ -342,31 +342,15 @@ def search(
     beam_size: int = 1,
     alpha: float = 1.0,
     nbest: int = 1,
-    need_weights: bool = False,
-    pad_id: int = 0,
-    max_len: Optional[int] = None,
-    max_len_ratio: float = MAX_LEN_RATIO,
-    max_len_extra: int = MAX_LEN_EXTRA,
+    **limits: Any,
 ) -> List[List[Hypothesis]]:
     """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``nbest`` best hypotheses, best first: greedy
     search when ``beam_size`` is 1 (the same output as a beam of 1, without the bookkeeping; its
-    score is not length-normalised), beam search otherwise. An option out of range is a ``ValueError``."""
-    check_search_options(beam_size, alpha, nbest, max_len, max_len_ratio, max_len_extra)
-    return run_search(
-        model,
-        src,
-        src_mask,
-        bos_id,
-        eos_id,
-        beam_size,
-        alpha,
-        nbest,
-        need_weights,
-        pad_id,
-        max_len,
-        max_len_ratio,
-        max_len_extra,
-    )
+    score is not length-normalised), beam search otherwise; ``limits``: the keyword arguments of
+    ``run_search`` after ``nbest``. An option out of range is a ``ValueError``."""
+    ratio, extra = limits.get("max_len_ratio", MAX_LEN_RATIO), limits.get("max_len_extra", MAX_LEN_EXTRA)
+    check_search_options(beam_size, alpha, nbest, limits.get("max_len"), ratio, extra)
+    return run_search(model, src, src_mask, bos_id, eos_id, beam_size, alpha, nbest, **limits)
 
 
 def run_search(
@@ -384,8 +368,8 @@ def run_search(
     max_len_ratio: float = MAX_LEN_RATIO,
     max_len_extra: int = MAX_LEN_EXTRA,
 ) -> List[List[Hypothesis]]:
-    """``search`` for a caller that checked the options already (the Translator checks them once per
-    call, not once per batch)."""
+    """``search`` without the check of its options, for a caller that checked them once already
+    (the Translator and ``decode_ids`` check once per call, not once per batch)."""
     limits = dict(
         max_len=max_len,
         need_weights=need_weights,
