@@ -15,6 +15,11 @@ Within the tool, sentences are sorted by length and decoded ``--batch-size`` at 
   averaged over its heads. Subword weights are summed into words and every output word is aligned
   to its most-attended source word (``inference/alignment.py``).
 - ``--plot DIR``: one PNG heatmap of that word attention per sentence, words on the axes.
+- ``--checkpoint A.pt --checkpoint B.pt``: an ensemble. At every step the search scores tokens by
+  the mean of the models' log-probabilities, each model with its own decoder state; the models
+  may be of both families but must share their SentencePiece model (the runs of one sweep do),
+  else one ``error:`` line. ``--alpha`` defaults to the mean of the runs' length penalties and
+  ``--alignments`` come from the models' source attention averaged.
 - ``--engine ctranslate2 --checkpoint EXPORT_DIR``: decode with CTranslate2 (C++, int8 on CPU) over
   a folder of ``scripts/export_ctranslate2.py`` instead of our own search over a checkpoint; the
   options and outputs are the same (``inference/ctranslate2_engine.py`` says what it keeps equal).
@@ -76,8 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--checkpoint",
         required=True,
+        action="append",
         metavar="PATH",
-        help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt (--engine ctranslate2: an export folder)",
+        help="a checkpoint of train.py, e.g. outputs/.../checkpoints/best.pt (--engine ctranslate2: an export "
+        "folder); given more than once, the checkpoints decode as an ensemble",
     )
     add(
         "--engine",
@@ -146,7 +153,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             "--dtype is for the torch engine: a CTranslate2 export runs the type it was exported in"
         )
-    check_model_path(Path(args.checkpoint), args.engine)
+    if args.engine == "ctranslate2" and len(args.checkpoint) > 1:
+        raise UsageError(
+            "--engine ctranslate2 takes one export folder: ensembles decode with the torch engine"
+        )
+    for path in args.checkpoint:
+        check_model_path(Path(path), args.engine)
     if args.input and not Path(args.input).is_file():
         raise UsageError(f"input file {args.input} does not exist")
 
@@ -170,17 +182,18 @@ def check_model_path(path: Path, engine: str) -> None:
 
 
 def load_translator(args: argparse.Namespace) -> "Translator":
-    """The Translator of ``--checkpoint`` on ``--device`` with ``--threads``, by ``--engine``."""
+    """The Translator of ``--checkpoint`` (several: an ensemble) on ``--device`` with ``--threads``, by
+    ``--engine``."""
     if args.engine == "ctranslate2":
         from inference.ctranslate2_engine import load_translator as load_export
 
-        return load_export(args.checkpoint, args.device, args.threads)
+        return load_export(args.checkpoint[0], args.device, args.threads)
     from common.device import pick_device, set_threads
     from inference.translator import Translator
 
     if args.threads:
         set_threads(pick_device(args.device), args.threads)
-    return Translator.from_checkpoint(args.checkpoint, args.device, args.dtype)
+    return Translator.from_checkpoints(args.checkpoint, args.device, args.dtype)
 
 
 def translate_options(args: argparse.Namespace) -> Dict[str, Any]:

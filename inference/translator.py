@@ -6,6 +6,10 @@
     for result in translator.translate(["Ein Mann schläft.", "Zwei Hunde."], nbest=3, alignments=True):
         print(result.text, result.score, result.alignment, [hyp.text for hyp in result.nbest])
 
+Several checkpoints of one vocabulary decode as an ensemble (``models.ensemble``)::
+
+    translator = Translator.from_checkpoints([rnn_checkpoint, transformer_checkpoint])
+
 ``translate`` returns one ``Translation`` per sentence, in the input order. Sentences are sorted by
 length and decoded ``batch_size`` at a time by the translator's engine: ``models.search.search``
 over a checkpoint's model (greedy for a beam of 1), or CTranslate2 over an export
@@ -22,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from common.checkpoint import CheckpointError
 from common.device import decode_precision, pick_device, precision_name, use_precision
 from data.batching import pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
@@ -29,6 +34,7 @@ from data.tokenizer import Tokenizer
 from inference.alignment import hard_alignment, piece_words, word_attention
 from inference.decoding import detokenize, source_mask
 from inference.model_loading import load_model
+from models.ensemble import Ensemble
 from models.search import Hypothesis, run_search
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
 
@@ -72,6 +78,26 @@ def default_alpha(payload: Dict[str, Any]) -> float:
     trainer = (payload.get("config") or {}).get("trainer") or {}
     value = trainer.get("length_penalty")
     return 1.0 if value is None else float(value)
+
+
+def vocabularies(tokenizer: Dict[str, Optional[bytes]]) -> Dict[str, Optional[bytes]]:
+    """The SentencePiece model of each side of a checkpoint's tokenizer state (a joint one serves both)."""
+    return {"source": tokenizer["src_model"], "target": tokenizer["tgt_model"] or tokenizer["src_model"]}
+
+
+def check_same_vocabulary(
+    first: Union[str, Path], first_payload: Dict[str, Any], other: Union[str, Path], payload: Dict[str, Any]
+) -> None:
+    """Members of an ensemble read and write the same subword ids: the same SentencePiece model(s)
+    on both sides. ``CheckpointError`` naming the two checkpoints and the side that differs."""
+    mine, theirs = vocabularies(first_payload["tokenizer"]), vocabularies(payload["tokenizer"])
+    for side in ("target", "source"):
+        if mine[side] != theirs[side]:
+            raise CheckpointError(
+                f"checkpoints {first} and {other} have different {side} vocabularies (other SentencePiece "
+                "models): an ensemble needs one; train its runs on the same data and tokenizer options "
+                "(the runs of one sweep share theirs)"
+            )
 
 
 class TorchEngine:
@@ -129,12 +155,38 @@ class Translator:
         choose (bf16: CUDA only). The default length penalty is the run's ``trainer.length_penalty``,
         else 1.0.
         """
+        return cls.from_checkpoints([path], device, dtype)
+
+    @classmethod
+    def from_checkpoints(
+        cls,
+        paths: Sequence[Union[str, Path]],
+        device: Union[None, str, torch.device] = None,
+        dtype: Optional[str] = None,
+    ) -> "Translator":
+        """One checkpoint as ``from_checkpoint``; several decode as an ensemble
+        (``models.ensemble.Ensemble``: the mean of their log-probabilities at every step, each model
+        with its own decoder state), which needs one vocabulary: checkpoints trained with other
+        SentencePiece models are a ``CheckpointError`` naming them. The ensemble's defaults: the
+        mean of the runs' length penalties; ``dtype`` auto decodes in bf16 only when every run
+        was validated in it."""
+        if isinstance(paths, (str, Path)):
+            raise TypeError("Translator.from_checkpoints takes a list of paths: wrap the path in [ ]")
+        if not paths:
+            raise ValueError("Translator.from_checkpoints: no checkpoint given")
         device = pick_device("auto" if device is None else str(device))
         if dtype == "bfloat16" and device.type != "cuda":
             raise ValueError(f"--dtype bfloat16 decodes on CUDA only, not on {device}: use float32 or auto")
-        model, tokenizer, payload = load_model(Path(path), device)
-        precision = decode_precision(dtype, payload)
-        return cls(TorchEngine(model, device, **precision), tokenizer, default_alpha(payload))
+        loaded = [load_model(Path(path), device) for path in paths]
+        for path, (_, _, payload) in zip(paths[1:], loaded[1:]):
+            check_same_vocabulary(paths[0], loaded[0][2], path, payload)
+        models = [model for model, _, _ in loaded]
+        payloads = [payload for _, _, payload in loaded]
+        precisions = [decode_precision(dtype, payload) for payload in payloads]
+        precision = {flag: all(p[flag] for p in precisions) for flag in precisions[0]}
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        alpha = sum(default_alpha(payload) for payload in payloads) / len(payloads)
+        return cls(TorchEngine(model, device, **precision), loaded[0][1], alpha)
 
     def translate(
         self,

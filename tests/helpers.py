@@ -103,12 +103,14 @@ def write_run(
     curve: Optional[Curve] = ((2, 30.0, 10.0), (4, 66.0, 20.0)),
     hydra: bool = True,
     split: str = SPLIT,
+    steps_per_epoch: float = 4,
     **results: Any,
 ) -> Path:
     """A finished run in ``folder``: its config composed from ``overrides`` (recorded in ``.hydra/``
     unless ``hydra`` is false), ``split`` decoded as ``hyps`` against ``refs`` and scored with the
-    project's metrics, the validation ``curve`` in ``tb/`` (none when ``None``). ``results``
-    replaces entries of ``results.json``."""
+    project's metrics, the validation ``curve`` in ``tb/`` (none when ``None``), each evaluation's
+    epoch in ``valid_history`` its step over ``steps_per_epoch``. ``results`` replaces entries of
+    ``results.json``."""
     from omegaconf import OmegaConf
 
     from training.metrics import corpus_scores, signatures
@@ -125,8 +127,9 @@ def write_run(
     points = list(curve or [(1, 6.0, 0.0)])
     if curve is not None:
         write_curve(folder / "tb", curve)
+    scores = {"loss": 3.0, "ppl": 20.1}
     history = [
-        {"loss": 3.0, "ppl": 20.1, "bleu": bleu, "chrf": bleu + 20, "step": step, "epoch": step / 4}
+        dict(scores, bleu=bleu, chrf=bleu + 20, step=step, epoch=step / steps_per_epoch)
         for step, _, bleu in points
     ]
     best = max(history, key=lambda h: h["bleu"])
@@ -134,7 +137,7 @@ def write_run(
         "model": cfg.model.name,
         "params": 123456,
         "steps": points[-1][0],
-        "epochs": points[-1][0] / 4,
+        "epochs": points[-1][0] / steps_per_epoch,
         "train_seconds": points[-1][1],
         "train_tokens_per_second": 1500.0,
         "device": "cpu",

@@ -5,12 +5,26 @@ one real ``train.py -m`` sweep (slow) that holds that format to what train.py wr
 import io
 import json
 import math
+import statistics
 import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
+from comparison.curves import bleu_curve, mean_curve, run_curves, value_at
+from comparison.figure import figure
+from comparison.formats import format_p
+from comparison.runs import read_run
+from comparison.significance import paired_bootstrap, verdict
+from comparison.statistics import (
+    SPLITS,
+    exact_permutations,
+    permutation_test,
+    smallest_permutation_p,
+    t_two_sided_p,
+    welch_t_test,
+)
 from training.metrics import signatures
 
 from helpers import ROOT, SPLIT, drop_words, load_script, sweep_job, write_curve, write_run
@@ -272,14 +286,14 @@ def test_runs_scored_with_other_sacrebleu_settings_are_flagged(refs, tmp_path):
 def test_the_figure_plots_validation_bleu_from_the_tensorboard_events(report, sweep):
     png = (sweep / "comparison.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
-    run = compare_script.read_run(sweep_job(sweep, 1, JOBS[1][0]), "rnn seed 2")
-    assert compare_script.bleu_curve(run) == ([2, 4], [33.0 / 60, 66.0 / 60], [15.0, 22.0])
+    run = read_run(sweep_job(sweep, 1, JOBS[1][0]), "rnn seed 2")
+    assert bleu_curve(run) == ([2, 4], [33.0 / 60, 66.0 / 60], [15.0, 22.0])
 
 
 def test_a_resumed_run_keeps_the_last_value_logged_at_a_step(refs, tmp_path):
     run = write_run(tmp_path / "run", refs, refs, curve=[(2, 30.0, 10.0), (4, 60.0, 20.0)])
     write_curve(run / "tb", [(4, 62.0, 21.0), (6, 90.0, 25.0)])  # the resumed life evaluates step 4 again
-    curve = compare_script.bleu_curve(compare_script.read_run(run, "run"))
+    curve = bleu_curve(read_run(run, "run"))
     assert curve == ([2, 4, 6], [0.5, 62.0 / 60, 1.5], [10.0, 21.0, 25.0])
 
 
@@ -288,7 +302,7 @@ def test_runs_from_before_the_train_seconds_tag_use_wall_time_and_runs_without_e
 ):
     old = write_run(tmp_path / "old", refs, refs, curve=None)
     write_curve(old / "tb", [(2, 0.0, 10.0), (4, 0.0, 20.0)], seconds=False)
-    steps, minutes, bleu = compare_script.bleu_curve(compare_script.read_run(old, "old"))
+    steps, minutes, bleu = bleu_curve(read_run(old, "old"))
     assert steps == [2, 4] and bleu == [10.0, 20.0] and minutes[0] == 0.0 and 0.0 <= minutes[1] < 1.0
     write_run(tmp_path / "none", refs, refs, curve=None)
     code, _, err = compare(old, tmp_path / "none", "--out", tmp_path)
@@ -410,6 +424,320 @@ def test_bad_options_are_refused_by_the_command_line(tmp_path):
         "",
         f"error: {tmp_path / 'missing'} does not exist\n",
     )
+
+
+# ----- significance across seeds, equal budgets, the figure -----
+def t_density_p(t, df, intervals=4000):
+    """The two-sided p of Student's t by Simpson's rule on its density (a check independent of the
+    continued fraction): 1 - 2 * integral of the density from 0 to |t|."""
+    scale = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+    h = abs(t) / intervals
+    ys = [scale * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(intervals + 1)]
+    area = h / 3 * (ys[0] + ys[-1] + 4 * sum(ys[1:-1:2]) + 2 * sum(ys[2:-1:2]))
+    return 1 - 2 * area
+
+
+def test_the_t_distribution_gives_the_known_two_sided_p_values():
+    p = t_two_sided_p
+    assert p(2.776, 4) == pytest.approx(0.05, abs=1e-4)  # the tables' 97.5% quantiles
+    assert p(12.706, 1) == pytest.approx(0.05, abs=1e-4)
+    assert p(-2.228, 10) == pytest.approx(0.05, abs=1e-4)
+    assert p(2.576, 1e7) == pytest.approx(0.01, abs=1e-4)  # the normal distribution's
+    for t in (0.3, 1.0, 5.0, 40.0):
+        assert p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-12)  # Cauchy
+        assert p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), abs=1e-12)
+        assert p(t, 5.52) == pytest.approx(t_density_p(t, 5.52), abs=1e-9)  # Welch's degrees are not whole
+    assert p(0.0, 3) == 1.0 and p(math.inf, 3) == 0.0
+
+
+def test_welch_t_test_and_the_exact_permutation_test():
+    t, df, p = welch_t_test([1, 2, 3], [4, 5, 6])
+    assert t == pytest.approx(3 / math.sqrt(2 / 3)) and df == pytest.approx(4)
+    assert p == pytest.approx(0.021311641, abs=1e-8)
+    # unequal sizes and spreads: the Welch-Satterthwaite degrees of freedom
+    t, df, p = welch_t_test([1, 2, 3, 4], [2, 4, 6, 8, 10])
+    va, vb = (5 / 3) / 4, 10 / 5
+    assert t == pytest.approx(3.5 / math.sqrt(va + vb))
+    assert df == pytest.approx((va + vb) ** 2 / (va**2 / 3 + vb**2 / 4))
+    assert p == pytest.approx(t_density_p(t, df), abs=1e-9)
+    assert all(math.isnan(v) for v in welch_t_test([1, 1, 1], [2, 2, 2]))  # no spread
+    assert all(math.isnan(v) for v in welch_t_test([1], [2, 3]))
+    # 3 + 3 seeds fully apart: only the observed split and its mirror are as far apart, 2 of 20
+    assert permutation_test([20.1, 20.5, 20.3], [21.0, 21.4, 22.0]) == (0.1, 20)
+    assert permutation_test([22.0, 21.0, 21.4], [20.1, 20.5, 20.3]) == (0.1, 20)
+    assert smallest_permutation_p(3, 3) == 0.1
+    # pooled 1, 2, 3, 5 in 2 + 2: |differences| 2.5, 1.5, 0.5, 0.5, 1.5, 2.5
+    assert permutation_test([1, 2], [3, 5]) == (pytest.approx(2 / 6), 6)
+    assert permutation_test([1, 3], [2, 5]) == (pytest.approx(4 / 6), 6)
+    assert permutation_test([1, 2, 3], [1, 2, 3]) == (1.0, 20)
+    # 10 + 10 seeds: 184,756 splits, too many to go through: a sample of them, the observed one counted in
+    assert not exact_permutations(10, 10) and exact_permutations(9, 9)
+    apart = permutation_test(list(range(10)), list(range(20, 30)))
+    assert apart == (1 / (SPLITS + 1), SPLITS)
+    assert smallest_permutation_p(10, 10) == apart[0]
+    assert permutation_test(list(range(10)), list(range(10)))[0] == 1.0
+
+
+def test_the_value_at_a_budget_is_interpolated_between_evaluations_and_never_extrapolated():
+    points = ([2.0, 4.0, 4.0, 7.0], [12.0, 20.0, 21.0, 27.0])  # evaluated twice at 4: the last counts
+    at = value_at
+    assert [at(points, x) for x in (1.99, 2.0, 3.0, 4.0, 5.5, 7.0, 7.01)] == [
+        None,
+        12.0,
+        16.0,
+        21.0,
+        24.0,
+        27.0,
+        None,
+    ]
+    assert at(([], []), 1.0) is None
+
+
+# rnn seeds 1, 2, 3 and transformer seeds 3 and 1 (in that job order): (overrides, words dropped from
+# every Nth position, curve (step, training seconds, valid BLEU), steps per epoch)
+SEED_JOBS = [
+    (["model=rnn", "seed=1"], 2, [(2, 120.0, 12.0), (4, 240.0, 20.0)], 2),
+    (["model=rnn", "seed=2"], 3, [(2, 90.0, 14.0), (4, 180.0, 18.0), (6, 300.0, 21.0)], 3),
+    (["model=rnn", "seed=3"], 4, [(2, 150.0, 10.0), (4, 300.0, 16.0)], 2),
+    (["model=transformer", "seed=3"], 6, [(2, 60.0, 10.0), (4, 120.0, 12.0), (6, 420.0, 17.0)], 2),
+    (["model=transformer", "seed=1"], 8, [(2, 180.0, 22.0)], 2),
+]
+
+
+@pytest.fixture(scope="module")
+def seeds_sweep(refs, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("seeds") / "multirun"
+    for number, (overrides, every, curve, steps_per_epoch) in enumerate(SEED_JOBS):
+        job = sweep_job(folder, number, overrides)
+        write_run(job, drop_words(refs, every), refs, overrides, curve, steps_per_epoch=steps_per_epoch)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def seeds_report(seeds_sweep):
+    code, out, err = compare(seeds_sweep, "--bootstrap", 200, "--minutes-step", 1)
+    assert code == 0, err
+    return out
+
+
+def section(markdown: str, title: str) -> str:
+    return markdown.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def rows(text: str):
+    """The cells of every table row in ``text`` (headers and rules left out)."""
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    return [
+        [c.strip() for c in line.strip("|").split(" | ")] for line in lines if not line.startswith("| ---")
+    ]
+
+
+def test_seed_groups_are_compared_seed_pair_by_seed_pair_and_across_seeds(seeds_sweep, seeds_report):
+    out = seeds_report
+    text = section(out, f"Significance across seeds on {SPLIT}")
+    assert "with 3 + 3 seeds it cannot go below 0.1" in text
+    name = [f"`{sweep_job(seeds_sweep, n, job[0]).name}`" for n, job in enumerate(SEED_JOBS)]
+    assert "### transformer against rnn" in text
+    # the common seeds 1 and 3, each rnn run beside the transformer run of its seed
+    assert (
+        f"Runs with the same seed: seed 1: {name[0]} and {name[4]}; seed 3: {name[2]} and {name[3]}." in text
+    )
+    results = [json.loads((seeds_sweep / n.strip("`") / "results.json").read_text()) for n in name]
+    score = [r["test"][SPLIT] for r in results]
+    bleu_block = text.split("**BLEU**", 1)[1].split("**chrF**", 1)[0]
+    header, *pairs = rows(bleu_block)
+    assert header == ["seed", "rnn", "transformer", "difference", "bootstrap p", "better"]
+    assert [row[:4] for row in pairs] == [
+        [
+            seed,
+            f"{score[a]['bleu']:.2f}",
+            f"{score[b]['bleu']:.2f}",
+            f"{score[b]['bleu'] - score[a]['bleu']:+.2f}",
+        ]
+        for seed, a, b in (("1", 0, 4), ("3", 2, 3))
+    ]
+    assert all(row[5] == "transformer" for row in pairs)  # fewer words dropped in both pairs
+    # the p-value of each pair is the paired bootstrap of those two runs alone
+    runs = [read_run(seeds_sweep / n.strip("`"), n) for n in name]
+    for row, (a, b) in zip(pairs, ((0, 4), (2, 3))):
+        scores, _ = paired_bootstrap([runs[a], runs[b]], SPLIT, 200)
+        assert row[4] == f"{scores['BLEU'][1].p_value:.4f}"
+    assert float(pairs[0][4]) < 0.05  # half the words back
+    # across seeds: every seed of each group, not only the paired ones
+    rnn, transformer = [s["bleu"] for s in score[:3]], [s["bleu"] for s in score[3:]]
+    t, df, p = welch_t_test(rnn, transformer)
+    perm, splits = permutation_test(rnn, transformer)
+    assert splits == 10
+    assert f"Welch's t-test: t = {t:.2f}, df = {df:.1f}, p = {format_p(p)}." in bleu_block
+    assert f"Permutation test: p = {perm:.3f} over all 10 splits of the 5 scores into 3 + 2" in bleu_block
+    diff = sum(transformer) / 2 - sum(rnn) / 3
+    welch, permutation = format_p(p), format_p(perm)
+    sentence = (
+        f"{diff:+.2f} BLEU (mean over 3 and 2 seeds); Welch p = {welch}, permutation p = {permutation}: "
+    )
+    assert f"transformer - rnn: {sentence}" in bleu_block
+    assert "transformer better in every seed pair (bootstrap p < 0.05 in " in bleu_block
+    chrf_block = text.split("**chrF**", 1)[1]
+    assert "transformer - rnn: " in chrf_block and " chrF (mean over 3 and 2 seeds)" in chrf_block
+
+
+def test_the_verdict_says_what_the_tests_show():
+    labels = ("rnn", "transformer")
+    a, b = [20.0, 21.0, 22.0], [21.0, 22.5, 23.0]
+    no = verdict(labels, "BLEU", a, b, 0.31, 0.4, [(1.0, 0.2), (1.5, 0.01), (1.0, 0.03)])
+    assert no == (
+        "transformer - rnn: +1.17 BLEU (mean over 3 seeds); Welch p = 0.310, permutation p = 0.400: no "
+        "difference shown with 3 seeds; transformer better in every seed pair (bootstrap p < 0.05 in 2 of 3)."
+    )
+    yes = verdict(labels, "chrF", b, a, 0.004, 0.1, [(-1.0, 0.01), (0.5, 0.04)])
+    assert yes == (
+        "transformer - rnn: -1.17 chrF (mean over 3 seeds); Welch p = 0.004, permutation p = 0.100: rnn is "
+        "better across seeds; rnn better in 1 of 2 seed pairs (bootstrap p < 0.05 in 1 of 2), transformer "
+        "significantly better in 1."
+    )
+
+
+def test_groups_of_one_seed_are_left_out_of_the_comparison_across_seeds(refs, report, tmp_path):
+    out, _ = report  # rnn and transformer, 2 seeds each: compared
+    assert f"## Significance across seeds on {SPLIT}" in out and "BLEU (mean over 2 seeds)" in out
+    for number, overrides in enumerate(
+        [["model=rnn", "seed=1"], ["model=rnn", "seed=2"], ["model=transformer"]]
+    ):
+        write_run(sweep_job(tmp_path / "one", number, overrides), refs, refs, overrides, curve=None)
+    code, out, _ = compare(tmp_path / "one", "--no-plot")
+    assert code == 0 and "## Seeds" in out and "Significance across seeds" not in out
+    for number, overrides in [(3, ["model=transformer", "seed=2"]), (4, ["model=transformer_base"])]:
+        write_run(sweep_job(tmp_path / "one", number, overrides), refs, refs, overrides, curve=None)
+    code, out, _ = compare(tmp_path / "one", "--no-plot")
+    text = section(out, f"Significance across seeds on {SPLIT}")
+    assert code == 0 and "Left out (one seed): `transformer_base`." in text
+    assert "### transformer against rnn" in text and text.count("### ") == 1
+
+
+def test_validation_bleu_at_equal_training_time_is_interpolated_per_seed(seeds_report):
+    text = section(seeds_report, "Validation BLEU at equal training time")
+    header, rnn, transformer = rows(text)
+    assert header == ["configuration", "seeds"] + [
+        f"{m} min" for m in range(1, 8)
+    ]  # to the longest run's 7 min
+
+    def cell(values, runs):
+        mean, std = statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+        text = f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+        return text if len(values) == runs else f"{text} ({len(values)}/{runs})"
+
+    # rnn: seed 1 at (2, 12) (4, 20); seed 2 at (1.5, 14) (3, 18) (5, 21); seed 3 at (2.5, 10) (5, 16)
+    assert rnn == [
+        "rnn",
+        "3",
+        "–",  # before every seed's first evaluation
+        cell([12, 14 + 4 * 0.5 / 1.5], 3),  # seed 3 first evaluates at 2.5 min
+        cell([16, 18, 10 + 6 * 0.5 / 2.5], 3),
+        cell([20, 18 + 3 * 1 / 2, 10 + 6 * 1.5 / 2.5], 3),
+        cell([21, 16], 3),  # seed 1 stopped at 4 min
+        "–",
+        "–",
+    ]
+    assert rnn[3] == "13.67 ± 2.36 (2/3)" and rnn[6] == "18.50 ± 3.54 (2/3)"
+    # transformer: seed 3 at (1, 10) (2, 12) (7, 17); seed 1 at (3, 22) only
+    assert transformer == [
+        "transformer",
+        "2",
+        "10.00 (1/2)",
+        "12.00 (1/2)",
+        cell([13, 22], 2),
+        "14.00 (1/2)",
+        "15.00 (1/2)",
+        "16.00 (1/2)",
+        "17.00 (1/2)",
+    ]
+    # 2 min: 13.67 > 12; 3 min: 15.07 < 17.50; 4 min: 17.70 > 14; 5 min: 18.50 > 15; then rnn has none
+    assert "Higher mean validation BLEU: rnn at 2 min, transformer at 3 min, rnn at 4-5 min." in text
+
+
+def test_validation_bleu_at_equal_epochs_takes_each_evaluations_epoch(seeds_report):
+    text = section(seeds_report, "Validation BLEU at equal epochs")
+    header, rnn, transformer = rows(text)
+    assert header == ["configuration", "seeds", "epoch 1", "epoch 2", "epoch 3"]
+    # rnn seed 2 has 3 steps an epoch: epochs 2/3, 4/3, 2 at BLEU 14, 18, 21; the others 2: epochs 1, 2
+    assert rnn == ["rnn", "3", "12.67 ± 3.06", "19.00 ± 2.65", "–"]
+    assert (
+        rnn[2]
+        == f"{statistics.fmean([12, 14 + 4 * (1 / 3) / (2 / 3), 10]):.2f} ± {statistics.stdev([12, 16, 10]):.2f}"
+    )
+    assert transformer == ["transformer", "2", "16.00 ± 8.49", "12.00 (1/2)", "17.00 (1/2)"]
+    assert "Higher mean validation BLEU: transformer at epoch 1, rnn at epoch 2." in text
+
+
+def test_budgets_follow_the_minutes_step_and_runs_without_curves_are_said(
+    refs, tmp_path, seeds_sweep, seeds_report
+):
+    code, out, _ = compare(
+        seeds_sweep, "--bootstrap", 10, "--minutes-step", 2.5, "--out", tmp_path, "--no-plot"
+    )
+    assert code == 0
+    header, rnn, _ = rows(section(out, "Validation BLEU at equal training time"))
+    assert header[2:] == ["2.5 min", "5 min"]  # 7.5 is past the longest run
+    at_2_5 = [12 + 8 * 0.5 / 2, 14 + 4 * 1 / 1.5, 10]  # seeds 1, 2 and 3 (its first evaluation)
+    assert rnn[2] == f"{statistics.fmean(at_2_5):.2f} ± {statistics.stdev(at_2_5):.2f}" == "13.56 ± 3.36"
+    write_run(tmp_path / "runs" / "a", refs, refs, curve=None)
+    code, out, _ = compare(tmp_path / "runs", "--no-plot")
+    assert code == 0
+    assert "No budget to compare: no run has a validation curve in its TensorBoard events." in section(
+        out, "Validation BLEU at equal training time"
+    )
+    assert compare_script.parse_args([str(tmp_path), "--minutes-step", "0.5"]).minutes_step == 0.5
+
+
+def test_a_minutes_step_of_zero_is_refused(tmp_path):
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as stop:
+        compare_script.parse_args([str(tmp_path), "--minutes-step", "0"])
+    assert stop.value.code == 2 and err.getvalue().strip().endswith("error: --minutes-step must be above 0")
+
+
+def test_the_figure_has_a_panel_per_axis_with_the_mean_and_band_of_each_group(seeds_sweep, seeds_report):
+    png = (seeds_sweep / "comparison.png").read_bytes()
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # the IHDR chunk
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (1200, 480) and len(png) > 20_000
+    runs = [read_run(sweep_job(seeds_sweep, n, job[0]), str(n)) for n, job in enumerate(SEED_JOBS)]
+    curves = {run.path: run_curves(run) for run in runs}
+    assert curves[runs[1].path]["epochs"] == ([2 / 3, 4 / 3, 2.0], [14.0, 18.0, 21.0])
+    fig = figure([runs[:3], runs[3:]], curves)
+    by_time, by_epoch = fig.axes
+    assert "minutes" in by_time.get_xlabel() and by_epoch.get_xlabel() == "epochs"
+    assert "band from the lowest to the highest seed" in fig._suptitle.get_text()
+    for ax in (by_time, by_epoch):
+        means = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+        assert [line.get_label() for line in means] == [
+            "rnn (mean of 3 seeds)",
+            "transformer (mean of 2 seeds)",
+        ]
+        assert len(ax.collections) == 2  # a band each
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.get_label() for line in means]
+        assert len(ax.get_lines()) == 4  # and each group's evaluations as dots
+    rnn_time, rnn_dots = by_time.get_lines()[:2]
+    assert len(rnn_dots.get_xdata()) == 7 and rnn_dots.get_linestyle() == "None"
+    # seed 1 spans 2-4 min, seed 2 1.5-5, seed 3 2.5-5: the mean jumps where one starts or stops
+    assert list(rnn_time.get_xdata()) == [1.5, 2.0, 2.0, 2.5, 2.5, 3.0, 4.0, 4.0, 5.0]
+    s2_at_2, s2_at_2_5 = 14 + 4 * 0.5 / 1.5, 14 + 4 * 1 / 1.5
+    expected = [14, s2_at_2, (12 + s2_at_2) / 2, (14 + s2_at_2_5) / 2, (14 + s2_at_2_5 + 10) / 3]
+    expected += [(16 + 18 + 11.2) / 3, (20 + 19.5 + 13.6) / 3, (19.5 + 13.6) / 2, (21 + 16) / 2]
+    assert list(rnn_time.get_ydata()) == pytest.approx(expected)
+    band = by_time.collections[0].get_paths()[0].vertices
+    assert band[:, 1].min() == pytest.approx(10.0) and band[:, 1].max() == pytest.approx(21.0)
+    # no run spans an interval: a gap; one point in all: that point
+    xs, means, lows, highs = mean_curve([([1.0, 2.0], [10.0, 20.0]), ([3.0, 4.0], [30.0, 34.0])])
+    assert xs[:2] + xs[3:] == [1.0, 2.0, 3.0, 4.0] and math.isnan(xs[2]) and math.isnan(means[2])
+    assert mean_curve([([3.0], [22.0]), ([3.0], [20.0])]) == ([3.0], [21.0], [20.0], [22.0])
+    # a group of one run: its curve, no band
+    fig = figure([runs[:3], runs[4:]], curves)
+    single = fig.axes[0].get_lines()[2]
+    assert single.get_label() == "transformer (one run)" and single.get_xydata().tolist() == [[3.0, 22.0]]
+    assert len(fig.axes[0].collections) == 1
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
 
 
 @pytest.mark.slow

@@ -1,10 +1,15 @@
-"""Every command README.md documents, run, so that the README cannot drift from the code.
+"""Every command the documentation gives, run, so that README.md and the pages of docs/ cannot
+drift from the code.
 
-The commands are read from the README itself: its ```bash blocks and its inline code spans that
+The commands are read from each document itself (README.md and every ``docs/*.md``, each checked
+on its own, the tests named by the document): its ```bash blocks and its inline code spans that
 start with ``python``, ``make``, ``torchrun`` or a script of the project, and the make targets the
 Makefile's header lists. Then:
 
-- every file the README names (``scripts/X.py``, ``training/step.py``, ``trainer.py``) exists;
+- the README leads with ``make train`` and ``make test``, and the documents together give a
+  command for every script;
+- every file a document names (``scripts/X.py``, ``training/step.py``, ``trainer.py``) exists, and
+  every link of a document leads to a file that exists and, with ``#anchor``, to one of its headings;
 - every ``--option`` a command gives a script of the project is in that script's ``--help``, and
   so is every option of a table of options (translate.py's), which belong to the script the
   section ran last; an option in a span of its own must be some script's, or a named other tool's;
@@ -30,21 +35,31 @@ import pytest
 
 from helpers import ROOT, SPLIT, compose, drop_words, write_run
 
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The documents, (name, text): the README first, then the pages of docs/.
+DOCUMENTS: List[Tuple[str, str]] = [
+    (path.relative_to(ROOT).as_posix(), path.read_text(encoding="utf-8"))
+    for path in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+]
+NAMES = [name for name, _ in DOCUMENTS]
+DOCS = dict(DOCUMENTS)
+README = DOCS["README.md"]
 MAKEFILE = (ROOT / "Makefile").read_text(encoding="utf-8")
 ENTRY_POINTS = ("train.py", "translate.py")
-SUBCOMMANDS = {"scripts/benchmark.py": ("train", "translate")}
-# Options the README gives to other tools, in spans of their own: not the project's to check.
+SUBCOMMANDS = {"scripts/benchmark.py": ("train", "translate"), "scripts/gpu_check.py": ("prepare", "run")}
+# Options the documents give to other tools, in spans of their own: not the project's to check.
 OTHER_TOOLS = {"--samples_per_plugin": "tensorboard", "--print-alignment": "fairseq"}
+# Placeholders the documents write for a number in an override (``trainer.lr=LR``), and a number.
+NUMBERS = {"LR": "1e-3"}
 OPTION = re.compile(r"^\[?(--?[A-Za-z][\w-]*)")
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
-# The README in order: headings, fenced blocks, rows of option tables and inline code spans.
+LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)\)")
+# A document in order: headings, fenced blocks, rows of option tables and inline code spans.
 PIECES = re.compile(r"^## (.+?)$|^```(\w*)\n(.*?)^```|^\| `(--[^\n]*)$|`([^`]+)`", re.S | re.M)
 
 Script = Tuple[str, Optional[str]]  # (script path from the root, subcommand)
 
 
-# ----- reading the README -----
+# ----- reading the documents -----
 def bash_lines(text: str) -> List[str]:
     """The commands of the ```bash blocks of ``text``: continuation lines joined, comments dropped."""
     lines = []
@@ -95,13 +110,13 @@ def options(args: List[str]) -> List[str]:
     return [m.group(1) for m in map(OPTION.match, args) if m]
 
 
-def documented_options() -> Dict[Script, Dict[str, str]]:
-    """``{(script, subcommand): {option: where the README gives it}}``: the options of its commands,
-    and those of a table of options (``| `--beam N` | ...``), which are the script's that the
-    section ran last before the table."""
+def documented_options(text: str) -> Dict[Script, Dict[str, str]]:
+    """``{(script, subcommand): {option: where the document gives it}}``: the options of its
+    commands, and those of a table of options (``| `--beam N` | ...``), which are the script's that
+    the section (``## ...``) ran last before the table."""
     found: Dict[Script, Dict[str, str]] = {}
     last: Optional[Script] = None
-    for match in PIECES.finditer(README):
+    for match in PIECES.finditer(text):
         heading, lang, body, row, span = match.groups()
         if heading is not None:
             last = None
@@ -119,39 +134,75 @@ def documented_options() -> Dict[Script, Dict[str, str]]:
     return found
 
 
-def free_options() -> List[str]:
+def all_documented_options() -> Dict[Script, Dict[str, str]]:
+    """``documented_options`` of every document together (where: the document's name first)."""
+    found: Dict[Script, Dict[str, str]] = {}
+    for name, text in DOCUMENTS:
+        for script, given in documented_options(text).items():
+            for option, where in given.items():
+                found.setdefault(script, {}).setdefault(option, f"{name}: {where}")
+    return found
+
+
+def free_options(text: str) -> List[str]:
     """Options in spans of their own (``--out DIR``), outside tables."""
-    prose = "\n".join(line for line in FENCE.sub("", README).splitlines() if not line.startswith("|"))
+    prose = "\n".join(line for line in FENCE.sub("", text).splitlines() if not line.startswith("|"))
     return sorted({o for span in spans(prose) if span.startswith("--") for o in options(span.split())})
 
 
-def train_overrides() -> List[Tuple[str, List[str]]]:
-    """``(command, overrides)`` of every documented ``train.py`` run, ``make train ARGS=`` too."""
+def override(word: str) -> str:
+    """An override as it composes: a number's placeholder (``trainer.lr=LR``) made a number."""
+    key, _, value = word.partition("=")
+    return f"{key}={NUMBERS[value]}" if value in NUMBERS else word
+
+
+def train_overrides() -> List[Tuple[str, str, List[str]]]:
+    """``(document, command, overrides)`` of every documented ``train.py`` run, ``make train ARGS=``
+    too; optional words (``[OVERRIDE]``, ``[...]``) left out."""
     found = []
-    for words in commands(README):
-        call = script_call(words)
-        if call and call[0][0] == "train.py":
-            found.append((shlex.join(words), [a for a in call[1] if not a.startswith("-")]))
-        elif words[:2] == ["make", "train"]:
-            args = [w.split("=", 1)[1] for w in words[2:] if w.startswith("ARGS=")]
-            found.append((shlex.join(words), args[0].split() if args else []))
-    unique: Dict[Tuple[str, ...], str] = {}
-    for command, overrides in found:  # one test per set of overrides, named by its first command
-        unique.setdefault(tuple(overrides), command)
-    return [(command, list(overrides)) for overrides, command in unique.items()]
+    for name, text in DOCUMENTS:
+        for words in commands(text):
+            call = script_call(words)
+            if call and call[0][0] == "train.py":
+                args = [override(a) for a in call[1] if not a.startswith(("-", "["))]
+                found.append((name, shlex.join(words), args))
+            elif words[:2] == ["make", "train"]:
+                args = [w.split("=", 1)[1] for w in words[2:] if w.startswith("ARGS=")]
+                found.append((name, shlex.join(words), args[0].split() if args else []))
+    # one test per document and set of overrides, named by the document and its first command
+    unique: Dict[Tuple[str, Tuple[str, ...]], str] = {}
+    for name, command, overrides in found:
+        unique.setdefault((name, tuple(overrides)), command)
+    return [(name, command, list(overrides)) for (name, overrides), command in unique.items()]
 
 
 def make_targets() -> List[List[str]]:
-    """The make commands of the Makefile's header and of the README (``make`` left out)."""
+    """The make commands of the Makefile's header and of the documents (``make`` left out)."""
     header = [line[1:].strip() for line in MAKEFILE.splitlines() if re.match(r"#\s+make ", line)]
     lines = [shlex.split(line.split("  ")[0])[1:] for line in header]
-    lines += [words[1:] for words in commands(README) if words[0] == "make"]
+    lines += [words[1:] for _, text in DOCUMENTS for words in commands(text) if words[0] == "make"]
     lines = [[w for w in line if not w.startswith("[")] for line in lines]  # [VAR=...]: optional
     unique = []
     for line in lines:
         if line and line not in unique:
             unique.append(line)
     return unique
+
+
+def anchors(text: str) -> set:
+    """The anchors GitHub gives the headings of ``text`` (``## CPUs and GPUs``: ``cpus-and-gpus``;
+    a repeated heading's second ``-1``)."""
+    found, seen = set(), {}  # seen: how many headings gave each slug so far
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def links(text: str) -> List[str]:
+    """The targets of the links and images of ``text`` outside fenced blocks, but the web's."""
+    return [t for t in LINK.findall(FENCE.sub("", text)) if not re.match(r"[a-z]+:", t)]
 
 
 def run_command(argv: List[str], cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -166,11 +217,13 @@ BENCH_ATTENTION = (
 
 
 def help_jobs() -> Dict[Script, List[str]]:
-    """``--help`` of each script the README gives options to, and of each script it names that
+    """``--help`` of each script the documents give options to, and of each script they name that
     is not run for real here (train.py's Hydra help is a real run of its own)."""
-    scripts = set(documented_options()) | {(path, sub) for path, subs in SUBCOMMANDS.items() for sub in subs}
-    scripts |= {(path, None) for path in re.findall(r"\b(?:scripts/\w+|translate)\.py\b", README)}
-    scripts -= {(path, None) for path in (*REAL_RUNS, "train.py")} - set(documented_options())
+    given = set(all_documented_options())
+    scripts = given | {(path, sub) for path, subs in SUBCOMMANDS.items() for sub in subs}
+    for _, text in DOCUMENTS:
+        scripts |= {(path, None) for path in re.findall(r"\b(?:scripts/\w+|translate)\.py\b", text)}
+    scripts -= {(path, None) for path in (*REAL_RUNS, "train.py")} - given
     scripts.discard(("train.py", None))
     return {
         script: [script[0], *([script[1]] if script[1] else []), "--help"]
@@ -195,7 +248,7 @@ def ran(multi30k_slice, tmp_path_factory) -> Dict[object, Tuple[subprocess.Compl
     jobs: Dict[object, List[str]] = {  # the slow starters (torch) first
         "train_help": ["train.py", "--help"],
         "train_cfg": [str(ROOT / "train.py"), "--cfg", "job", "model=rnn"],
-        # as the README writes it: data.root=DIR [--batch-tokens N] [overrides]
+        # as docs/data.md writes it: data.root=DIR [--batch-tokens N] [overrides]
         "data_stats": [
             "scripts/data_stats.py",
             f"data.root={multi30k_slice}",
@@ -258,26 +311,51 @@ def write_images(tb_dir: Path) -> Path:
     return tb_dir
 
 
-# ----- the README's names -----
-def test_the_readme_documents_commands_for_every_script():
-    run = {script for (script, _), _ in filter(None, map(script_call, commands(README)))}
+# ----- the documents' names -----
+def test_the_readme_leads_with_make_train_and_make_test():
+    first = re.search(r"^## (.+)$", README, re.M).group(1)
+    assert first == "Quick start" and [shlex.split(line) for line in bash_lines(README)[:2]] == [
+        ["make", "train"],
+        ["make", "test"],
+    ]
+
+
+def test_the_documents_give_a_command_for_every_script():
+    calls = [call for _, text in DOCUMENTS for call in map(script_call, commands(text)) if call]
+    run = {script for (script, _), _ in calls}
     documented = {"train.py", "translate.py", *(f"scripts/{p.name}" for p in (ROOT / "scripts").glob("*.py"))}
     assert documented <= run, f"scripts without a documented command: {sorted(documented - run)}"
 
 
-def test_every_file_the_readme_names_exists():
+@pytest.mark.parametrize("name", NAMES)
+def test_every_file_the_document_names_exists(name):
     folders = [ROOT, *(p for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith("."))]
     missing = []
-    for name in sorted(set(re.findall(r"(?<![\w./-])([\w./-]*\w\.py)\b", README))):
-        exists = (ROOT / name).is_file() if "/" in name else any((f / name).is_file() for f in folders)
+    for file in sorted(set(re.findall(r"(?<![\w./-])([\w./-]*\w\.py)\b", DOCS[name]))):
+        exists = (ROOT / file).is_file() if "/" in file else any((f / file).is_file() for f in folders)
         if not exists:
-            missing.append(name)
+            missing.append(file)
     assert missing == []
 
 
-def test_every_option_given_to_a_script_is_in_its_help(helps):
+@pytest.mark.parametrize("name", NAMES)
+def test_every_link_of_the_document_leads_to_a_file_and_a_heading_that_exist(name):
+    here = (ROOT / name).parent
     wrong = []
-    for script, found in documented_options().items():
+    for target in links(DOCS[name]):
+        path, _, anchor = target.partition("#")
+        file = (here / path).resolve() if path else ROOT / name
+        if not file.is_file():
+            wrong.append(f"{target}: no file")
+        elif anchor and anchor not in anchors(file.read_text(encoding="utf-8")):
+            wrong.append(f"{target}: no heading #{anchor}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_option_given_to_a_script_is_in_its_help(name, helps):
+    wrong = []
+    for script, found in documented_options(DOCS[name]).items():
         if script[0] == "train.py":  # Hydra's flags (-m): its overrides are composed below
             continue
         words = set(re.findall(r"--?[A-Za-z][\w-]*", helps[script]))
@@ -285,23 +363,28 @@ def test_every_option_given_to_a_script_is_in_its_help(helps):
     assert wrong == []
 
 
-def test_an_option_in_a_span_of_its_own_is_some_scripts(helps, real_runs):
+@pytest.mark.parametrize("name", NAMES)
+def test_an_option_in_a_span_of_its_own_is_some_scripts(name, helps, real_runs):
     known = known_options(helps, real_runs)
-    assert [o for o in free_options() if o not in known and o not in OTHER_TOOLS] == []
+    assert [o for o in free_options(DOCS[name]) if o not in known and o not in OTHER_TOOLS] == []
 
 
 def test_the_option_checks_find_what_they_check():
-    """The parsing sees the README's commands (a parser that finds nothing would pass everything)."""
-    found = documented_options()
+    """The parsing sees the documents' commands, each in the page that documents it (a parser that
+    finds nothing would pass everything)."""
+    assert {"--checkpoint", "--beam", "--nbest", "--alignments", "--input", "--output"} <= set(
+        documented_options(README)[("translate.py", None)]
+    )
     assert {"--checkpoint", "--beam", "--nbest", "--alignments", "--batch-size", "--max-len-ratio"} <= set(
-        found[("translate.py", None)]
+        documented_options(DOCS["docs/translation.md"])[("translate.py", None)]
     )
-    assert {"--checkpoint", "--data"} <= set(found[("scripts/benchmark.py", "translate")])
-    assert (
-        "--batch-tokens" in found[("scripts/data_stats.py", None)]
-        and "--list" in found[("scripts/tb_images.py", None)]
+    assert {"--checkpoint", "--data"} <= set(
+        documented_options(DOCS["docs/benchmarks.md"])[("scripts/benchmark.py", "translate")]
     )
-    assert {"--out", "--bootstrap", "--tag", "--step", "--lengths"} <= set(free_options())
+    assert "--batch-tokens" in documented_options(DOCS["docs/data.md"])[("scripts/data_stats.py", None)]
+    assert "--list" in documented_options(DOCS["docs/comparing.md"])[("scripts/tb_images.py", None)]
+    assert {"--out", "--bootstrap", "--tag", "--step"} <= set(free_options(DOCS["docs/comparing.md"]))
+    assert "--lengths" in free_options(DOCS["docs/attention.md"])
     assert len(train_overrides()) >= 10 and len(make_targets()) >= 8
 
 
@@ -324,8 +407,10 @@ def expand_sweeps(overrides: List[str]) -> List[List[str]]:
     return runs
 
 
-@pytest.mark.parametrize("command, overrides", train_overrides(), ids=[c for c, _ in train_overrides()])
-def test_every_documented_train_command_composes_a_config_train_accepts(command, overrides):
+@pytest.mark.parametrize(
+    "name, command, overrides", train_overrides(), ids=[f"{n}:{c}" for n, c, _ in train_overrides()]
+)
+def test_every_documented_train_command_composes_a_config_train_accepts(name, command, overrides):
     from data.config import data_config
     from training.config import model_config, trainer_config
 

@@ -1,0 +1,136 @@
+"""Validation BLEU at equal budgets: the report's tables of each group's validation BLEU after the
+same training time and after the same number of epochs, and which group leads at each budget.
+"""
+
+import statistics
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from comparison.curves import Curves, value_at
+from comparison.runs import Run, group_labels
+from comparison.statistics import EPS, mean_std
+
+
+def budgets(curves: Sequence[Optional[Curves]], axis: str, step: float) -> List[float]:
+    """``step``, ``2 * step``, ... up to the last evaluation of the longest run on ``axis``."""
+    ends = [c[axis][0][-1] for c in curves if c is not None and c[axis][0]]
+    if not ends:
+        return []
+    return [round(k * step, 9) for k in range(1, int(max(ends) / step + EPS) + 1)]
+
+
+def budget_values(curves: Sequence[Optional[Curves]], axis: str, x: float) -> List[float]:
+    """The validation BLEU at ``x`` of each run that reached it."""
+    return [v for c in curves if c is not None for v in [value_at(c[axis], x)] if v is not None]
+
+
+def budget_cell(values: Sequence[float], runs: int) -> str:
+    """Mean ± std of ``values`` (one value: itself); ``(k/n)`` when only k of the group's n runs
+    reached the budget; – for none."""
+    if not values:
+        return "–"
+    mean, std = mean_std(values)
+    text = f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
+    return text if len(values) == runs else f"{text} ({len(values)}/{runs})"
+
+
+def budget_table(
+    groups: Sequence[List[Run]],
+    curves: Dict[Path, Optional[Curves]],
+    axis: str,
+    columns: Sequence[float],
+    unit: Callable[[float], str],
+) -> List[str]:
+    """Rows: the groups; columns: the budgets ``columns`` on ``axis``, named by ``unit(x)``."""
+    lines = [
+        "| configuration | seeds | " + " | ".join(unit(x) for x in columns) + " |",
+        "| --- | ---: | " + " | ".join(["---:"] * len(columns)) + " |",
+    ]
+    for group, label in zip(groups, group_labels(groups)):
+        found = [curves[run.path] for run in group if curves.get(run.path) is not None]
+        seeds = str(len(found)) if len(found) == len(group) else f"{len(found)} of {len(group)} with events"
+        cells = [budget_cell(budget_values(found, axis, x), len(found)) for x in columns]
+        lines.append("| " + " | ".join([label, seeds, *cells]) + " |")
+    return lines
+
+
+def leaders(
+    groups: Sequence[List[Run]],
+    curves: Dict[Path, Optional[Curves]],
+    axis: str,
+    columns: Sequence[float],
+    span: Callable[[float, float], str],
+) -> str:
+    """Which group has the higher mean validation BLEU at each budget that two groups or more
+    reached, consecutive budgets with the same leader together (``span(first, last)`` names them)."""
+    spans: List[List[Any]] = []  # [leader, first budget, last budget, column index of the last]
+    for j, x in enumerate(columns):
+        means = []
+        for group, label in zip(groups, group_labels(groups)):
+            values = budget_values([curves.get(r.path) for r in group], axis, x)
+            if values:
+                means.append((statistics.fmean(values), label))
+        if len(means) < 2:
+            continue
+        top = max(m for m, _ in means)
+        first = [label for m, label in means if m == top]
+        leader = first[0] if len(first) == 1 else " and ".join(first) + " (equal)"
+        if spans and spans[-1][0] == leader and spans[-1][3] == j - 1:
+            spans[-1][2:] = [x, j]
+        else:
+            spans.append([leader, x, x, j])
+    if not spans:
+        return "No budget was reached by two configurations."
+    return "Higher mean validation BLEU: " + ", ".join(f"{s[0]} at {span(s[1], s[2])}" for s in spans) + "."
+
+
+def _minutes_span(first: float, last: float) -> str:
+    return f"{first:g} min" if first == last else f"{first:g}-{last:g} min"
+
+
+def _epochs_span(first: float, last: float) -> str:
+    return f"epoch {first:g}" if first == last else f"epochs {first:g}-{last:g}"
+
+
+def budget_sections(
+    groups: Sequence[List[Run]], curves: Dict[Path, Optional[Curves]], minutes_step: float
+) -> List[str]:
+    """``## Validation BLEU at equal training time`` and ``## ... at equal epochs``."""
+    found = list(curves.values())
+    lines = []
+    for axis, title, step, unit, span, what in (
+        (
+            "minutes",
+            "training time",
+            minutes_step,
+            lambda x: f"{x:g} min",
+            _minutes_span,
+            "training time (`valid/train_seconds`: evaluations included)",
+        ),
+        (
+            "epochs",
+            "epochs",
+            1.0,
+            lambda x: f"epoch {x:g}",
+            _epochs_span,
+            "number of epochs (each evaluation's epoch, from `valid_history` in results.json)",
+        ),
+    ):
+        lines += ["", f"## Validation BLEU at equal {title}", ""]
+        columns = budgets(found, axis, step)
+        if not columns:
+            why = (
+                "no run has a validation curve in its TensorBoard events"
+                if all(c is None for c in found)
+                else f"no run reached {unit(step)}"
+            )
+            lines.append(f"No budget to compare: {why}.")
+            continue
+        lines.append(
+            f"Validation BLEU (greedy) after the same {what}, linearly interpolated between "
+            "evaluations: mean ± std over the seeds that reached it; (k/n): only k of the n seeds "
+            "did; –: none did (no value before a run's first evaluation or after its last)."
+        )
+        lines += [""] + budget_table(groups, curves, axis, columns, unit)
+        lines += ["", leaders(groups, curves, axis, columns, span)]
+    return lines

@@ -1,0 +1,103 @@
+"""Validation curves: each run's validation BLEU against training minutes and against epochs, read
+from its TensorBoard events, the value of a curve at any point (interpolated, never extrapolated),
+and the mean, lowest and highest of several runs' curves.
+"""
+
+import bisect
+import math
+import statistics
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from comparison.runs import Run
+from comparison.statistics import EPS
+
+AXES = ("minutes", "epochs")  # the x axes of validation curves
+Points = Tuple[List[float], List[float]]  # (x of each evaluation, increasing; its validation BLEU)
+Curves = Dict[str, Points]  # one run's validation BLEU against each of AXES
+
+
+def bleu_curve(run: Run) -> Optional[Tuple[List[int], List[float], List[float]]]:
+    """``(steps, minutes, valid BLEU)`` of every evaluation, from the run's TensorBoard events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = run.path / "tb"
+    if not tb.is_dir():
+        return None
+    events = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = set(events.Tags().get("scalars", []))
+    if "valid/bleu" not in tags:
+        return None
+    bleu = {
+        e.step: e.value for e in events.Scalars("valid/bleu")
+    }  # a resumed run logs a step again: keep the last
+    if "valid/train_seconds" in tags:
+        seconds = {e.step: e.value for e in events.Scalars("valid/train_seconds")}
+    else:  # older runs: wall-clock time since the first event
+        first = min(e.wall_time for tag in tags for e in events.Scalars(tag))
+        seconds = {e.step: e.wall_time - first for e in events.Scalars("valid/bleu")}
+    steps = sorted(s for s in bleu if s in seconds)
+    return steps, [seconds[s] / 60 for s in steps], [bleu[s] for s in steps]
+
+
+def _increasing(xs: Sequence[Optional[float]], ys: Sequence[float]) -> Points:
+    """The points with a known x, sorted by x (stable: a later evaluation at the same x comes last)."""
+    points = sorted(((x, y) for x, y in zip(xs, ys) if x is not None), key=lambda point: point[0])
+    return [x for x, _ in points], [y for _, y in points]
+
+
+def run_curves(run: Run) -> Optional[Curves]:
+    """The run's validation BLEU against training minutes and against epochs (``bleu_curve``; the
+    epoch of each evaluation's step from ``valid_history`` in results.json: train.py logs no epoch
+    scalar), or None without events."""
+    curve = bleu_curve(run)
+    if curve is None:
+        return None
+    steps, minutes, bleu = curve
+    epoch_of = {h["step"]: h["epoch"] for h in run.results.get("valid_history") or [] if "epoch" in h}
+    return {
+        "minutes": _increasing(minutes, bleu),
+        "epochs": _increasing([epoch_of.get(s) for s in steps], bleu),
+    }
+
+
+def value_at(points: Points, x: float) -> Optional[float]:
+    """Validation BLEU at ``x``, linearly interpolated between the evaluations around it; None
+    before the first evaluation and after the last (not reached: no extrapolation)."""
+    xs, ys = points
+    if not xs or x < xs[0] - EPS or x > xs[-1] + EPS:
+        return None
+    i = bisect.bisect_right(xs, x + EPS) - 1  # the last evaluation at or before x
+    if xs[i] >= x - EPS:
+        return ys[i]
+    return ys[i] + (ys[i + 1] - ys[i]) * (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
+def mean_curve(points: Sequence[Points]) -> Tuple[List[float], List[float], List[float], List[float]]:
+    """``(x, mean, lowest, highest)`` over the runs' curves, each over the runs that reached x.
+
+    The grid is every evaluation of any run; between two neighbours the runs that span the whole
+    interval are linear, so their mean, lowest and highest are drawn exactly by its two ends. Where
+    a run starts or stops, the curve jumps (two points at one x); an interval no run spans is a gap
+    (NaN). One x in all: its point.
+    """
+    grid: List[float] = []
+    for x in sorted({x for xs, _ in points for x in xs}):
+        if not grid or x - grid[-1] > EPS:
+            grid.append(x)
+    if len(grid) == 1:
+        values = [p[1][-1] for p in points]
+        return grid, [statistics.fmean(values)], [min(values)], [max(values)]
+    rows: List[Tuple[float, float, float, float]] = []
+    for left, right in zip(grid, grid[1:]):
+        spanning = [p for p in points if p[0][0] <= left + EPS and p[0][-1] >= right - EPS]
+        if not spanning:
+            rows.append((math.nan,) * 4)
+            continue
+        for x in (left, right):
+            values = [value_at(p, x) for p in spanning]
+            row = (x, statistics.fmean(values), min(values), max(values))
+            if not rows or rows[-1] != row:
+                rows.append(row)
+    xs, means, lows, highs = (list(column) for column in zip(*rows))
+    return xs, means, lows, highs

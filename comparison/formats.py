@@ -1,0 +1,22 @@
+"""How the report writes its numbers: training time, scores, p-values and numbers of seeds."""
+
+import math
+from typing import Optional
+
+
+def format_minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min"
+
+
+def format_score(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def format_p(p: float) -> str:
+    if math.isnan(p):
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def format_seeds(n_a: int, n_b: int) -> str:
+    return f"{n_a} seeds" if n_a == n_b else f"{n_a} and {n_b} seeds"

@@ -1,0 +1,229 @@
+"""Significance: sacrebleu's paired bootstrap of runs on a test split (the table of every run
+against the first), and the comparison of groups of seeds (the seed pairs' bootstrap, Welch's
+t-test and the permutation test on the per-seed scores, and the sentence that says what they show).
+"""
+
+import math
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from comparison.formats import format_p, format_score, format_seeds
+from comparison.runs import CompareError, Run, group_labels, score_of, seed_pairs
+from comparison.statistics import (
+    exact_permutations,
+    mean_std,
+    permutation_test,
+    smallest_permutation_p,
+    welch_t_test,
+)
+from data.corpus import read_lines
+
+METRICS = (("BLEU", "bleu"), ("chrF", "chrf"))  # (name in the report, key in results.json)
+
+
+def paired_bootstrap(
+    runs: Sequence[Run], split: str, samples: int
+) -> Tuple[Optional[Dict[str, List[Any]]], str]:
+    """sacrebleu's paired bootstrap resampling of every run against the first on ``split``.
+
+    Returns ``({"BLEU": [Result per run], "chrF": [...]}, signature text)``, or ``(None, why not)``
+    when the runs cannot be paired on this split.
+    """
+    systems, references = [], None
+    for run in runs:
+        hyp, ref = run.path / f"{split}.hyp", run.path / f"{split}.ref"
+        if not (hyp.is_file() and ref.is_file()):
+            return None, f"{run.name} has no {hyp.name} and {ref.name}"
+        hyps, refs = read_lines(hyp), read_lines(ref)
+        if len(hyps) != len(refs):
+            raise CompareError(
+                f"{hyp}: {len(hyps)} lines for {len(refs)} references in {ref}: the run folder is damaged"
+            )
+        if references is None:
+            references = refs
+        elif refs != references:
+            other = f"other references than {runs[0].name} (another data set or direction)"
+            return None, f"{run.name} was scored against {other}"
+        systems.append((run.name, hyps))
+    if len(systems) < 2:
+        return None, "one run: nothing to compare"
+    return bootstrap_systems(systems, references, samples)
+
+
+def bootstrap_systems(
+    systems: Sequence[Tuple[str, List[str]]], references: List[str], samples: int
+) -> Tuple[Dict[str, List[Any]], str]:
+    """sacrebleu's paired bootstrap of every system ``(name, hypotheses)`` against the first, on one
+    set of ``references``: ``({"BLEU": [Result per system], "chrF": [...]}, signature text)``."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    test = PairedTest(
+        systems, {"BLEU": BLEU(), "chrF": CHRF()}, [references], test_type="bs", n_samples=samples
+    )
+    signatures, scores = test()
+    text = "; ".join(f"{name} `{sig}`" for name, sig in signatures.items())
+    scores = {name: scores[key] for name, key in (("BLEU", "BLEU"), ("chrF", _metric_key(scores, "chrF")))}
+    for metric in scores.values():
+        for result in metric[1:]:
+            if result.score == metric[0].score:
+                # No observed difference is no evidence of one: p = 1. (sacrebleu counts resampled
+                # differences strictly above the observed one, so an output identical to the
+                # baseline's, every resample differing by 0, would get its smallest p-value.)
+                result.p_value = 1.0
+    return scores, text
+
+
+def _metric_key(scores: Dict[str, Any], prefix: str) -> str:
+    return next(key for key in scores if key.startswith(prefix))  # sacrebleu names chrF "chrF2"
+
+
+def significance_table(runs: Sequence[Run], split: str, scores: Dict[str, List[Any]]) -> List[str]:
+    lines = [
+        "| run | BLEU | mean ± 95% CI | p | chrF | mean ± 95% CI | p |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for i, run in enumerate(runs):
+        cells = [f"`{run.name}`"]
+        for metric in ("BLEU", "chrF"):
+            result = scores[metric][i]
+            p = "(baseline)" if i == 0 else f"{result.p_value:.4f}"
+            cells += [f"{result.score:.2f}", f"{result.mean:.2f} ± {result.ci:.2f}", p]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def seed_pair_rows(
+    pairs: Sequence[Tuple[Any, Run, Run]],
+    tests: Dict[Any, Tuple[Optional[Dict[str, List[Any]]], str]],
+    split: str,
+    metric: str,
+    key: str,
+    labels: Tuple[str, str],
+) -> Tuple[List[str], List[Tuple[float, Optional[float]]]]:
+    """The table of the seed pairs on one metric, and each pair's ``(difference, bootstrap p)``."""
+    lines = [
+        f"| seed | {labels[0]} | {labels[1]} | difference | bootstrap p | better |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    found = []
+    for seed, a, b in pairs:
+        score_a, score_b = score_of(a, split, key), score_of(b, split, key)
+        scores, why = tests[seed]
+        if score_a is None or score_b is None:
+            lines.append(f"| {seed} | {format_score(score_a)} | {format_score(score_b)} | - | - | - |")
+            continue
+        p = None if scores is None else scores[metric][1].p_value
+        better = labels[1] if score_b > score_a else labels[0] if score_a > score_b else "equal"
+        cells = [str(seed), format_score(score_a), format_score(score_b), f"{score_b - score_a:+.2f}"]
+        cells += [f"no paired test: {why}" if p is None else f"{p:.4f}", better]
+        lines.append("| " + " | ".join(cells) + " |")
+        found.append((score_b - score_a, p))
+    return lines, found
+
+
+def verdict(
+    labels: Tuple[str, str],
+    metric: str,
+    a: Sequence[float],
+    b: Sequence[float],
+    welch_p: float,
+    permutation_p: float,
+    pairs: Sequence[Tuple[float, Optional[float]]],
+) -> str:
+    """One sentence: the difference of the means, what the tests across seeds show, and how the
+    seed pairs went."""
+    diff = statistics.fmean(b) - statistics.fmean(a)
+    leader = labels[1] if diff > 0 else labels[0]
+    text = (
+        f"{labels[1]} - {labels[0]}: {diff:+.2f} {metric} (mean over {format_seeds(len(a), len(b))}); "
+        f"Welch p = {format_p(welch_p)}, permutation p = {format_p(permutation_p)}: "
+    )
+    if (not math.isnan(welch_p) and welch_p < 0.05) or permutation_p < 0.05:
+        text += f"{leader} is better across seeds"
+    else:
+        text += f"no difference shown with {format_seeds(len(a), len(b))}"
+    tested = [(d, p) for d, p in pairs if p is not None]
+    if diff != 0 and tested:
+        sign = 1 if diff > 0 else -1
+        ahead = sum(d * sign > 0 for d, _ in tested)
+        shown = sum(d * sign > 0 and p < 0.05 for d, p in tested)
+        every = "every seed pair" if ahead == len(tested) else f"{ahead} of {len(tested)} seed pairs"
+        text += f"; {leader} better in {every} (bootstrap p < 0.05 in {shown} of {len(tested)})"
+        against = sum(d * sign < 0 and p < 0.05 for d, p in tested)
+        if against:
+            other = labels[0] if leader == labels[1] else labels[1]
+            text += f", {other} significantly better in {against}"
+    return text + "."
+
+
+def across_seeds(
+    base: Sequence[Run], group: Sequence[Run], labels: Tuple[str, str], split: str, samples: int
+) -> List[str]:
+    """The comparison of two groups of seeds on ``split``: per metric, the seed pairs' table, the
+    tests across seeds and the verdict."""
+    pairs = seed_pairs(base, group)
+    lines = [f"### {labels[1]} against {labels[0]}", ""]
+    if pairs:
+        named = "; ".join(f"seed {seed}: `{a.name}` and `{b.name}`" for seed, a, b in pairs)
+        lines.append(f"Runs with the same seed: {named}.")
+    else:
+        lines.append("The two groups have no seed in common: no seed pairs.")
+    tests = {seed: paired_bootstrap([a, b], split, samples) for seed, a, b in pairs}
+    for metric, key in METRICS:
+        lines += ["", f"**{metric}**", ""]
+        found: List[Tuple[float, Optional[float]]] = []
+        if pairs:
+            table, found = seed_pair_rows(pairs, tests, split, metric, key, labels)
+            lines += table + [""]
+        a = [v for v in (score_of(r, split, key) for r in base) if v is not None]
+        b = [v for v in (score_of(r, split, key) for r in group) if v is not None]
+        if len(a) < 2 or len(b) < 2:
+            lines.append(
+                f"Across seeds: fewer than 2 seeds with a {metric} score on {split} in a group: no test."
+            )
+            continue
+        t, df, welch_p = welch_t_test(a, b)
+        permutation_p, splits = permutation_test(a, b)
+        (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
+        welch = (
+            "undefined (the scores vary in neither group)"
+            if math.isnan(t)
+            else f"t = {t:.2f}, df = {df:.1f}, p = {format_p(welch_p)}"
+        )
+        lines.append(
+            f"Across seeds: {labels[0]} {mean_a:.2f} ± {std_a:.2f} ({len(a)} seeds), {labels[1]} "
+            f"{mean_b:.2f} ± {std_b:.2f} ({len(b)} seeds). Welch's t-test: {welch}. Permutation test: "
+            f"p = {format_p(permutation_p)} over {'all' if exact_permutations(len(a), len(b)) else 'a sample of'} "
+            f"{splits} splits of the {len(a) + len(b)} scores into "
+            f"{len(a)} + {len(b)} (the smallest p it can give: {smallest_permutation_p(len(a), len(b)):.3f})."
+        )
+        lines += ["", verdict(labels, metric, a, b, welch_p, permutation_p, found)]
+    return lines
+
+
+def across_seeds_section(groups: Sequence[List[Run]], split: str, samples: int) -> List[str]:
+    """``## Significance across seeds on <split>``: every group of 2+ seeds against the first one
+    (empty when fewer than two groups have 2+ seeds)."""
+    labels = group_labels(groups)
+    seeded = [(g, label) for g, label in zip(groups, labels) if len(g) > 1]
+    if len(seeded) < 2:
+        return []
+    base, base_label = seeded[0]
+    lines = ["", f"## Significance across seeds on {split}", ""]
+    lines.append(
+        f"Each configuration with 2+ seeds against `{base_label}`. Seed pairs: sacrebleu's paired "
+        f"bootstrap ({samples} resamples of the test set) of the two runs with the same seed; it "
+        "measures the test set's sampling noise for that one pair of trainings, not the spread over "
+        "seeds. Across seeds: Welch's t-test (two-sided) on the per-seed test scores, and an exact "
+        "permutation test of the difference of the means over every split of the pooled per-seed "
+        "scores: with 3 + 3 seeds it cannot go below 0.1 (2 of the 20 splits), so it cannot show a "
+        'difference at 0.05, and a t-test on 3 seeds has little power: "no difference shown" is not '
+        "evidence that there is none."
+    )
+    single = [label for g, label in zip(groups, labels) if len(g) == 1]
+    if single:
+        lines.append(f"Left out (one seed): {', '.join(f'`{label}`' for label in single)}.")
+    for group, label in seeded[1:]:
+        lines += [""] + across_seeds(base, group, (base_label, label), split, samples)
+    return lines
