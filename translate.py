@@ -22,7 +22,8 @@ Within the tool, sentences are sorted by length and decoded ``--batch-size`` at 
   ``--alignments`` come from the models' source attention averaged.
 - ``--engine ctranslate2 --checkpoint EXPORT_DIR``: decode with CTranslate2 (C++, int8 on CPU) over
   a folder of ``scripts/export_ctranslate2.py`` instead of our own search over a checkpoint; the
-  options and outputs are the same (``inference/ctranslate2_engine.py`` says what it keeps equal).
+  options and outputs are the same, but for ensembles and ``--dtype`` (``inference/ctranslate2_engine.py``
+  says what it keeps equal).
   ``--threads N`` sets the CPU threads of either engine.
 
 Bad input (missing or foreign checkpoint, bad option, unreadable file) prints one ``error:`` line

@@ -61,14 +61,17 @@ def leaders(
     columns: Sequence[float],
     span: Callable[[float, float], str],
 ) -> str:
-    """Which group has the higher mean validation BLEU at each budget that two groups or more
-    reached, consecutive budgets with the same leader together (``span(first, last)`` names them)."""
+    """Which group has the higher mean validation BLEU at each budget that every seed of two groups
+    or more reached (a mean over the seeds that got there would favour the groups whose weak seeds
+    had not), consecutive budgets with the same leader together (``span(first, last)`` names them)."""
     spans: List[List[Any]] = []  # [leader, first budget, last budget, column index of the last]
+    labels = group_labels(groups)
     for j, x in enumerate(columns):
         means = []
-        for group, label in zip(groups, group_labels(groups)):
-            values = budget_values([curves.get(r.path) for r in group], axis, x)
-            if values:
+        for group, label in zip(groups, labels):
+            found = [curves[r.path] for r in group if curves.get(r.path) is not None]
+            values = budget_values(found, axis, x)
+            if values and len(values) == len(found):
                 means.append((statistics.fmean(values), label))
         if len(means) < 2:
             continue
@@ -80,8 +83,9 @@ def leaders(
         else:
             spans.append([leader, x, x, j])
     if not spans:
-        return "No budget was reached by two configurations."
-    return "Higher mean validation BLEU: " + ", ".join(f"{s[0]} at {span(s[1], s[2])}" for s in spans) + "."
+        return "No budget was reached by every seed of two configurations."
+    named = ", ".join(f"{s[0]} at {span(s[1], s[2])}" for s in spans)
+    return f"Higher mean validation BLEU, at the budgets every seed reached: {named}."
 
 
 def _minutes_span(first: float, last: float) -> str:
@@ -129,7 +133,8 @@ def budget_sections(
         lines.append(
             f"Validation BLEU (greedy) after the same {what}, linearly interpolated between "
             "evaluations: mean ± std over the seeds that reached it; (k/n): only k of the n seeds "
-            "did; –: none did (no value before a run's first evaluation or after its last)."
+            "have a value there (none before a run's first evaluation or after its last); –: none "
+            "has."
         )
         lines += [""] + budget_table(groups, curves, axis, columns, unit)
         lines += ["", leaders(groups, curves, axis, columns, span)]

@@ -77,7 +77,8 @@ def mean_curve(points: Sequence[Points]) -> Tuple[List[float], List[float], List
     """``(x, mean, lowest, highest)`` over the runs' curves, each over the runs that reached x.
 
     The grid is every evaluation of any run; between two neighbours the runs that span the whole
-    interval are linear, so their mean, lowest and highest are drawn exactly by its two ends. Where
+    interval are linear, so their mean is drawn exactly by its two ends (the lowest and highest
+    only approximately: where two runs cross inside an interval the band is a little narrow). Where
     a run starts or stops, the curve jumps (two points at one x); an interval no run spans is a gap
     (NaN). One x in all: its point.
     """

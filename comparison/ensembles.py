@@ -2,7 +2,7 @@
 
 Every system is decoded here the same way, by ``translate.py``'s path
 (``inference.translator.Translator``: one checkpoint, or several as an ensemble): the weights each
-run was tested with (``results.json``'s ``test_weights``: ``best.pt`` or ``average.pt``), the run's
+run was tested with (``results.json``'s ``test_weights``: ``best.pt``, ``ema.pt`` or ``average.pt``), the run's
 beam size, the length penalty of the run (an ensemble: the mean of its members'), the test sources
 read through the run's own data config and scored against its ``<split>.ref``. So a member's
 score here may differ from its Runs row by the batches' rounding (the run decoded in batches of
@@ -33,7 +33,11 @@ class Decoded:
 
 def test_checkpoint(run: Run) -> Path:
     """The weights a run's test splits were decoded with (``results.json``'s ``test_weights``)."""
-    used = (run.results.get("test_weights") or {}).get("used") or "best.pt"
+    used = (run.results.get("test_weights") or {}).get("used")
+    if used is None:
+        raise CompareError(
+            f"{run.name} stopped before its first evaluation: it has no test weights to ensemble"
+        )
     path = run.path / "checkpoints" / used
     if not path.is_file():
         raise CompareError(f"{path} does not exist: the weights {run.name} was tested with are gone")
@@ -46,8 +50,9 @@ def system_label(runs: Sequence[Run]) -> str:
 
 
 def split_text(run: Run, split: str) -> Tuple[List[str], List[str]]:
-    """The sources and references of ``split``, read as the run read them (its data config); the
-    references must be the ones the run scored against (its ``<split>.ref``)."""
+    """The sources and references of ``split``, read as the run read them (its data config: a
+    relative ``data.root`` is taken from the current folder, as train.py took it); the references
+    must be the ones the run scored against (its ``<split>.ref``)."""
     from data.config import data_config
     from data.corpus import corpus_splits
 
@@ -55,7 +60,7 @@ def split_text(run: Run, split: str) -> Tuple[List[str], List[str]]:
         raise CompareError(f"{run.path} has no .hydra/config.yaml: its test data cannot be found")
     try:
         pairs = list(corpus_splits(data_config(run.config["data"]))[split].pairs())
-    except (DataError, KeyError) as error:
+    except (DataError, KeyError, ValueError) as error:  # ValueError: a config the schema refuses
         raise CompareError(f"{run.name}: cannot read its {split} split ({error})") from None
     sources, references = [src for src, _ in pairs], [tgt for _, tgt in pairs]
     ref_file = run.path / f"{split}.ref"
@@ -76,7 +81,7 @@ def decode(runs: Sequence[Run], sources: List[str], references: List[str], devic
         translator = Translator.from_checkpoints([test_checkpoint(run) for run in runs], device)
     except CheckpointError as error:
         raise CompareError(str(error)) from None
-    beam = int(((runs[0].config or {}).get("trainer") or {}).get("beam_size", 5))
+    beam = int(runs[0].config["trainer"]["beam_size"])  # split_text read the config already
     translator.translate(sources[:8], beam=beam)  # warm-up: the first batch's one-off costs are no system's
     tick = time.perf_counter()
     hyps = [result.text for result in translator.translate(sources, beam=beam)]

@@ -80,6 +80,19 @@ def default_alpha(payload: Dict[str, Any]) -> float:
     return 1.0 if value is None else float(value)
 
 
+def shared_precision(dtype: Optional[str], payloads: Sequence[Dict[str, Any]]) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of decoding checkpoints together with ``dtype`` (``decode_precision`` of
+    each): a flag is on only when it is on for every one (auto: bf16 only when every run was
+    validated in it)."""
+    precisions = [decode_precision(dtype, payload) for payload in payloads]
+    return {flag: all(p[flag] for p in precisions) for flag in precisions[0]}
+
+
+def mean_alpha(payloads: Sequence[Dict[str, Any]]) -> float:
+    """The default length penalty of checkpoints decoding together: the mean of their runs'."""
+    return sum(default_alpha(payload) for payload in payloads) / len(payloads)
+
+
 def vocabularies(tokenizer: Dict[str, Optional[bytes]]) -> Dict[str, Optional[bytes]]:
     """The SentencePiece model of each side of a checkpoint's tokenizer state (a joint one serves both)."""
     return {"source": tokenizer["src_model"], "target": tokenizer["tgt_model"] or tokenizer["src_model"]}
@@ -182,11 +195,9 @@ class Translator:
             check_same_vocabulary(paths[0], loaded[0][2], path, payload)
         models = [model for model, _, _ in loaded]
         payloads = [payload for _, _, payload in loaded]
-        precisions = [decode_precision(dtype, payload) for payload in payloads]
-        precision = {flag: all(p[flag] for p in precisions) for flag in precisions[0]}
         model = models[0] if len(models) == 1 else Ensemble(models)
-        alpha = sum(default_alpha(payload) for payload in payloads) / len(payloads)
-        return cls(TorchEngine(model, device, **precision), loaded[0][1], alpha)
+        engine = TorchEngine(model, device, **shared_precision(dtype, payloads))
+        return cls(engine, loaded[0][1], mean_alpha(payloads))
 
     def translate(
         self,

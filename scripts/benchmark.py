@@ -18,7 +18,7 @@ the checkpoint) is timed separately, as a run on an empty input, and left out of
         --checkpoint transformer=outputs/tf/checkpoints/best.pt --data ../multi30k --beams 1 5
 
 A ``PATH`` that is a folder of ``scripts/export_ctranslate2.py`` runs ``translate.py --engine
-ctranslate2`` (the deployment comparison of the README, "Deploying a model")::
+ctranslate2`` (the deployment comparison of docs/deployment.md)::
 
     python scripts/benchmark.py translate --data ../multi30k --threads 2 --checkpoint ours=RUN/checkpoints/best.pt \\
         --checkpoint ct2-float32=exports/f32 --checkpoint ct2-int8=exports/int8

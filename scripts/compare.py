@@ -71,7 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[],
         metavar="RUN",
         help="run folders whose test weights decode the test splits as an ensemble, scored next to "
-        "each of them (repeat for more ensembles)",
+        "each of them (repeat for more ensembles; give the PATHs first: --ensemble takes every folder "
+        "after it)",
     )
     parser.add_argument("--device", default="auto", help="where ensembles decode: auto, cpu, cuda or cuda:N")
     args = parser.parse_args(argv)
@@ -96,6 +97,9 @@ def main(argv=None) -> int:
     try:
         runs = collect_runs(args.paths)
         curves = {run.path: run_curves(run) for run in runs}
+        out = out_folder(args)
+        if not out.is_dir():
+            raise CompareError(f"--out {out}: no such folder")
         markdown = report(runs, args.bootstrap, curves, args.minutes_step)
         if args.ensemble:
             from comparison.ensembles import ensemble_runs, ensembles_section, score_ensembles
@@ -103,9 +107,6 @@ def main(argv=None) -> int:
             ensembles = [ensemble_runs(folders) for folders in args.ensemble]
             section = ensembles_section(score_ensembles(ensembles, args.bootstrap, args.device))
             markdown += "\n" + "\n".join(section) + "\n"
-        out = out_folder(args)
-        if not out.is_dir():
-            raise CompareError(f"--out {out}: no such folder")
         written = [out / "comparison.md"]
         with AtomicFile(written[0]) as stream:
             stream.write(markdown)

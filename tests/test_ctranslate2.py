@@ -113,7 +113,7 @@ def test_int8_beam_search_keeps_bleu(checkpoint, exports, pairs):
     """Beam 5 on the memorised pairs. The engine's beam search stops on its own rule, so even float32
     may differ in a sentence (one of 200 when this was written: 0.12 BLEU on so few). int8 weights
     (embeddings and output layer included) cost this small model (D = 128) 0.72 BLEU when this
-    was written; the default Transformer's figure on test_2016_flickr is in the README."""
+    was written; the default Transformer's figure on test_2016_flickr is in docs/deployment.md."""
     src, refs = pairs
     ours = Translator.from_checkpoint(checkpoint, "cpu").translate(src, beam=5)
     bleu = {"ours": sacrebleu.corpus_bleu([t.text for t in ours], [refs]).score}

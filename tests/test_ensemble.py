@@ -21,7 +21,7 @@ import torch
 from data.corpus import read_lines
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from inference.decoding import source_mask
-from inference.translator import Translator
+from inference.translator import Translator, mean_alpha, shared_precision
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
 from models.ensemble import Ensemble
@@ -40,6 +40,12 @@ def checkpoint_of(models, family):
     return models[family][1]
 
 
+def clear(hyps, gap=1e-4):
+    """Whether an n-best list has no near tie (consecutive scores further apart than ``gap``): a
+    model twice scores within an ulp of the model once, which may swap two hypotheses only there."""
+    return all(a.score - b.score > gap for a, b in zip(hyps, hyps[1:]))
+
+
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
 @pytest.mark.parametrize("beam, nbest", [(1, 1), (4, 3)])
 def test_a_checkpoint_twice_is_the_single_model(family, beam, nbest, trained_synthetic_models, sources):
@@ -48,11 +54,16 @@ def test_a_checkpoint_twice_is_the_single_model(family, beam, nbest, trained_syn
     double = Translator.from_checkpoints([checkpoint, checkpoint], "cpu")
     assert isinstance(double.engine.model, Ensemble) and not isinstance(single.engine.model, Ensemble)
     options = dict(beam=beam, nbest=nbest, alignments=True, batch_size=5)
+    compared = 0
     for one, two in zip(single.translate(sources, **options), double.translate(sources, **options)):
+        assert len(two.nbest) == nbest
+        if not clear(one.nbest):
+            continue
         assert [h.text for h in two.nbest] == [h.text for h in one.nbest]
         assert [h.score for h in two.nbest] == pytest.approx([h.score for h in one.nbest], abs=1e-4)
         assert [h.alignment for h in two.nbest] == [h.alignment for h in one.nbest]
-        assert len(two.nbest) == nbest
+        compared += 1
+    assert compared >= len(sources) // 2
 
 
 def tiny_models(vocab=40, seed=0):
@@ -136,14 +147,27 @@ def test_an_ensemble_takes_the_shortest_input_of_its_members():
         Ensemble([rnn])
 
 
+def nbest_scores(stdout):
+    """The scores of ``--nbest`` lines ``index ||| hypothesis ||| score``."""
+    return [float(line.split(" ||| ")[2]) for line in stdout.splitlines()]
+
+
 def test_translate_py_decodes_with_an_ensemble(trained_synthetic_models, sources):
     rnn, transformer = (checkpoint_of(trained_synthetic_models, f) for f in ("rnn", "transformer"))
     text = "\n".join(sources) + "\n"
-    done = translate("--checkpoint", rnn, "--checkpoint", transformer, "--beam", 4, "--nbest", 2, stdin=text)
+    options = ("--beam", 4, "--nbest", 2, "--device", "cpu")
+    done = translate("--checkpoint", rnn, "--checkpoint", transformer, *options, stdin=text)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 2 * len(sources)
     assert [line.split(" ||| ")[0] for line in lines[:4]] == ["0", "0", "1", "1"]
+    # the scores are the ensemble's (the Python API's), not one member's
+    expected = Translator.from_checkpoints([rnn, transformer], "cpu").translate(sources, beam=4, nbest=2)
+    scores = nbest_scores(done.stdout)
+    assert scores == pytest.approx([h.score for r in expected for h in r.nbest], abs=1e-3)
+    for member in (rnn, transformer):
+        alone = nbest_scores(translate("--checkpoint", member, *options, stdin=text).stdout)
+        assert max(abs(a - b) for a, b in zip(scores, alone)) > 1e-2
     # both members have learnt the reversal: so has their ensemble
     firsts = [line.split(" ||| ")[1] for line in lines[::2]]
     reversed_ = [" ".join(reversed(s.split())) for s in sources]
@@ -230,11 +254,23 @@ def test_compare_scores_ensembles_next_to_their_members(synthetic_runs, tmp_path
     ]
     bleu = [float(row[1]) for row in rows]
     assert min(bleu) > 60  # every system has learnt the reversal
-    assert bleu[5] == bleu[0] and rows[5][4] == "+0.00" and rows[5][5] == "1.000"  # a run twice is that run
-    assert rows[2][4] == f"{bleu[2] - max(bleu[:2]):+.2f}" and rows[2][6].endswith("x")
+    assert rows[0] == rows[3]  # a run in two ensembles is decoded once
+    # a run twice is that run (up to a near tie the ulps of the mean may swap)
+    assert abs(bleu[5] - bleu[0]) <= 0.5 and abs(float(rows[5][4])) <= 0.5
+    assert abs(float(rows[2][4]) - (bleu[2] - max(bleu[:2]))) <= 0.011  # the gain over the best member
+    assert 0 <= float(rows[2][5].lstrip("< ")) <= 1 and rows[2][6].endswith("x")
     assert "## Ensembles" in (tmp_path / "comparison.md").read_text(encoding="utf-8")
 
 
 def test_compare_refuses_an_ensemble_of_one_run(synthetic_runs, tmp_path):
     code, _, err = compare(synthetic_runs["rnn"], "--ensemble", synthetic_runs["rnn"], "--out", tmp_path)
     assert code == 1 and err.startswith("error: ") and "at least 2 runs" in err
+
+
+def test_an_ensembles_defaults_come_from_every_run():
+    rnn = {"config": {"trainer": {"length_penalty": 1.0}}, "precision": "float32"}
+    transformer = {"config": {"trainer": {"length_penalty": 1.2}}, "precision": "bfloat16"}
+    assert mean_alpha([rnn, transformer]) == pytest.approx(1.1)
+    assert shared_precision("auto", [transformer, transformer])["amp"]
+    assert not shared_precision("auto", [rnn, transformer])["amp"]  # bf16 only when every run was
+    assert shared_precision("bfloat16", [rnn, transformer])["amp"]  # asked for: every member

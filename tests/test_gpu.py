@@ -191,7 +191,7 @@ def test_a_run_stopped_and_resumed_on_cuda_ends_where_the_run_never_stopped_does
     resumed.close()
     assert resumed.device.type == "cuda" and resumed.progress.step == 20
     # Not bitwise as on the CPU (tests/test_faults.py): a CUDA kernel that adds up with atomics may
-    # add up in another order from call to call (the README says so), and torch has no
+    # add up in another order from call to call (docs/gpu_check.md says so), and torch has no
     # deterministic form of every kernel. So the resumed run must be as close to the run never
     # stopped as a second such run is (10 x that distance, plus float32's last bits), far closer
     # than a wrong resume leaves it: other dropout masks, batches or Adam moments move the weights

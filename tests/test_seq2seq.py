@@ -348,7 +348,7 @@ def test_untied_output_layer_is_its_own_parameter(family):
     "cfg, params", [(RNNConfig(), 4_216_064), (TransformerConfig(), 7_578_624)], ids=["rnn", "transformer"]
 )
 def test_parameter_count_of_the_default_config(cfg, params):
-    """The numbers in the README and conf/model/*.yaml (joint 8k vocabulary)."""
+    """The numbers in docs/training.md and conf/model/*.yaml (joint 8k vocabulary)."""
     assert count_parameters(build_model(cfg, 8000, 8000)) == params
 
 
