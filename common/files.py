@@ -16,7 +16,44 @@ def current_umask() -> int:
     return mask
 
 
-class AtomicFile:
+class Atomic:
+    """What a file and a folder made whole share: ``commit()`` publishes the temporary copy once
+    (``publish``, the subclass's) and, should that fail, discards it before raising; ``discard()``
+    removes it once (``remove``); as a context manager it commits on success, discards on an
+    exception."""
+
+    done = False
+
+    def publish(self) -> None:
+        raise NotImplementedError
+
+    def remove(self) -> None:
+        raise NotImplementedError
+
+    def commit(self) -> None:
+        if self.done:
+            return
+        try:
+            self.publish()
+            self.done = True
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.remove()
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.discard()
+
+
+class AtomicFile(Atomic):
     """``path`` opened for writing through a temporary file beside it.
 
     ``commit()`` flushes, fsyncs and renames it into place; ``discard()`` removes it. As a context
@@ -27,28 +64,17 @@ class AtomicFile:
         self.path = Path(path)
         handle, self.tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
         self.stream: IO = os.fdopen(handle, mode, encoding=None if "b" in mode else encoding)
-        self.done = False
 
-    def commit(self) -> None:
-        if self.done:
-            return
-        try:
-            self.stream.flush()
-            os.fsync(self.stream.fileno())
-            self.stream.close()
-            os.chmod(
-                self.tmp, 0o666 & ~current_umask()
-            )  # mkstemp makes the file private: give it normal permissions
-            os.replace(self.tmp, self.path)
-            self.done = True
-        except BaseException:
-            self.discard()
-            raise
+    def publish(self) -> None:
+        self.stream.flush()
+        os.fsync(self.stream.fileno())
+        self.stream.close()
+        os.chmod(
+            self.tmp, 0o666 & ~current_umask()
+        )  # mkstemp makes the file private: give it normal permissions
+        os.replace(self.tmp, self.path)
 
-    def discard(self) -> None:
-        if self.done:
-            return
-        self.done = True
+    def remove(self) -> None:
         try:
             self.stream.close()  # may fail again (a full disk): the temporary file goes all the same
         except OSError:
@@ -59,14 +85,8 @@ class AtomicFile:
     def __enter__(self) -> IO:
         return self.stream
 
-    def __exit__(self, kind, value, traceback) -> None:
-        if kind is None:
-            self.commit()
-        else:
-            self.discard()
 
-
-class AtomicFolder:
+class AtomicFolder(Atomic):
     """The new folder ``path`` filled in a temporary folder beside it (``tmp``).
 
     ``commit()`` gives it the permissions the umask allows and renames it into place; ``discard()``
@@ -80,33 +100,16 @@ class AtomicFolder:
         self.path = Path(path)
         prefix = f".{self.path.name}." if prefix is None else prefix
         self.tmp = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=prefix, suffix=".tmp"))
-        self.done = False
 
-    def commit(self) -> None:
-        if self.done:
-            return
-        try:
-            os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from other users
-            os.rename(self.tmp, self.path)
-            self.done = True
-        except BaseException:
-            self.discard()
-            raise
+    def publish(self) -> None:
+        os.chmod(self.tmp, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide it from other users
+        os.rename(self.tmp, self.path)
 
-    def discard(self) -> None:
-        if self.done:
-            return
-        self.done = True
+    def remove(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> Path:
         return self.tmp
-
-    def __exit__(self, kind, value, traceback) -> None:
-        if kind is None:
-            self.commit()
-        else:
-            self.discard()
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> None:

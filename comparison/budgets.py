@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from comparison.curves import Curves, value_at
+from comparison.formats import format_mean_std
 from comparison.runs import Run, group_labels
-from comparison.statistics import EPS, mean_std
+from comparison.statistics import EPS
 
 
 def budgets(curves: Sequence[Optional[Curves]], axis: str, step: float) -> List[float]:
@@ -17,6 +18,11 @@ def budgets(curves: Sequence[Optional[Curves]], axis: str, step: float) -> List[
     if not ends:
         return []
     return [round(k * step, 9) for k in range(1, int(max(ends) / step + EPS) + 1)]
+
+
+def group_curves(group: Sequence[Run], curves: Dict[Path, Optional[Curves]]) -> List[Curves]:
+    """The curves of the group's runs that have one."""
+    return [curves[run.path] for run in group if curves.get(run.path) is not None]
 
 
 def budget_values(curves: Sequence[Optional[Curves]], axis: str, x: float) -> List[float]:
@@ -29,8 +35,7 @@ def budget_cell(values: Sequence[float], runs: int) -> str:
     reached the budget; – for none."""
     if not values:
         return "–"
-    mean, std = mean_std(values)
-    text = f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
+    text = f"{values[0]:.2f}" if len(values) == 1 else format_mean_std(values)
     return text if len(values) == runs else f"{text} ({len(values)}/{runs})"
 
 
@@ -47,7 +52,7 @@ def budget_table(
         "| --- | ---: | " + " | ".join(["---:"] * len(columns)) + " |",
     ]
     for group, label in zip(groups, group_labels(groups)):
-        found = [curves[run.path] for run in group if curves.get(run.path) is not None]
+        found = group_curves(group, curves)
         seeds = str(len(found)) if len(found) == len(group) else f"{len(found)} of {len(group)} with events"
         cells = [budget_cell(budget_values(found, axis, x), len(found)) for x in columns]
         lines.append("| " + " | ".join([label, seeds, *cells]) + " |")
@@ -69,7 +74,7 @@ def leaders(
     for j, x in enumerate(columns):
         means = []
         for group, label in zip(groups, labels):
-            found = [curves[r.path] for r in group if curves.get(r.path) is not None]
+            found = group_curves(group, curves)
             values = budget_values(found, axis, x)
             if values and len(values) == len(found):
                 means.append((statistics.fmean(values), label))

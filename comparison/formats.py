@@ -1,7 +1,9 @@
 """How the report writes its numbers: training time, scores, p-values and numbers of seeds."""
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
+
+from comparison.statistics import mean_std
 
 
 def format_minutes(seconds: float) -> str:
@@ -20,3 +22,9 @@ def format_p(p: float) -> str:
 
 def format_seeds(n_a: int, n_b: int) -> str:
     return f"{n_a} seeds" if n_a == n_b else f"{n_a} and {n_b} seeds"
+
+
+def format_mean_std(values: Sequence[float], fmt: str = "{:.2f}") -> str:
+    """``mean ± standard deviation`` of ``values``, each written with ``fmt``."""
+    mean, std = mean_std(values)
+    return f"{fmt.format(mean)} ± {fmt.format(std)}"

@@ -8,10 +8,9 @@ from typing import Dict, List, Optional, Sequence
 
 from comparison.budgets import budget_sections
 from comparison.curves import Curves
-from comparison.formats import format_minutes, format_score
+from comparison.formats import format_mean_std, format_minutes, format_score
 from comparison.runs import Run, group_labels, groups_of, test_splits
 from comparison.significance import across_seeds_section, paired_bootstrap, significance_table
-from comparison.statistics import mean_std
 
 
 def runs_table(runs: Sequence[Run], splits: Sequence[str]) -> List[str]:
@@ -56,10 +55,7 @@ def seeds_table(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]
 
         def cell(values: List[Optional[float]], fmt: str = "{:.2f}") -> str:
             values = [v for v in values if v is not None]
-            if not values:
-                return "-"
-            mean, std = mean_std(values)
-            return f"{fmt.format(mean)} ± {fmt.format(std)}"
+            return format_mean_std(values, fmt) if values else "-"
 
         cells = [label, str(len(group)), cell([r.results["valid"].get("bleu") for r in group])]
         for split in splits:

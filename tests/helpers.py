@@ -170,6 +170,14 @@ TINY_RNN = [
     "model.hidden_size=32",
     "model.attention_size=32",
 ]  # 50k parameters
+TINY_TRANSFORMER = [  # two layers of two heads: enough to tell layers and heads apart
+    "model=transformer",
+    "model.d_model=32",
+    "model.n_heads=2",
+    "model.ff_size=64",
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+]
 
 
 def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
@@ -252,6 +260,18 @@ LEARNING_FAMILIES = {
 }
 
 
+# A run that only learns: no label smoothing, no evaluation, log line, early stop or epoch limit
+# before its last step, no attention samples (the learning runs below).
+LEARNING_ONLY = [
+    "trainer.label_smoothing=0.0",
+    "trainer.eval_every=1000000",
+    "trainer.log_every=1000000",
+    "trainer.patience=null",
+    "trainer.max_epochs=null",
+    "trainer.attention_samples=0",
+]
+
+
 def learning_overrides(slice_dir: Path, cache: Path, family: str, *extra: str) -> List[str]:
     """The overrides of a learning run (``trained_slice_transformer`` in conftest.py, and the gpu tests):
     ``family`` trained for 300 steps on the first ``LEARNING_PAIRS`` pairs of a Multi30k slice, no
@@ -264,12 +284,7 @@ def learning_overrides(slice_dir: Path, cache: Path, family: str, *extra: str) -
         "trainer.batch_tokens=2000",
         "trainer.schedule=constant",
         "trainer.warmup_steps=20",
-        "trainer.label_smoothing=0.0",
-        "trainer.eval_every=1000000",
-        "trainer.log_every=1000000",
-        "trainer.patience=null",
-        "trainer.max_epochs=null",
-        "trainer.attention_samples=0",
+        *LEARNING_ONLY,
         *LEARNING_FAMILIES[family],
         *extra,
     ]
@@ -390,12 +405,7 @@ def synthetic_learning_overrides(root: Path, cache: Path, family: str, *extra: s
         f"data.cache_dir={cache}",
         f"data.vocab_size={VOCAB_SIZE}",
         "device=cpu",
-        "trainer.label_smoothing=0.0",
-        "trainer.eval_every=1000000",
-        "trainer.log_every=1000000",
-        "trainer.patience=null",
-        "trainer.max_epochs=null",
-        "trainer.attention_samples=0",
+        *LEARNING_ONLY,
         "trainer.beam_size=1",
         "trainer.num_threads=1",
         *SYNTHETIC_FAMILIES[family],

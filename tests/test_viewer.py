@@ -23,16 +23,8 @@ from viewer.format import PLUGIN_NAME, SCALE, decode, spans, summary_of
 from viewer.plugin import AttentionLoader, at_step, sentence_number
 from viewer.summaries import Texts, encode, words_of
 
-from helpers import TINY_RNN, compose, tiny_run
+from helpers import TINY_RNN, TINY_TRANSFORMER, compose, tiny_run
 
-TINY_TRANSFORMER = [
-    "model=transformer",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.ff_size=64",
-    "model.encoder_layers=2",
-    "model.decoder_layers=2",
-]
 EVALS = 12  # steps of the synthetic run: more than TensorBoard keeps of a tag by default (10)
 TEXTS = Texts("Ein Mann.", "A man.", "A man.")
 

@@ -27,7 +27,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from helpers import LEARNING_PAIRS, TINY_RNN, learning_overrides, tiny_run, write_slice
+from helpers import LEARNING_PAIRS, TINY_RNN, TINY_TRANSFORMER, learning_overrides, tiny_run, write_slice
 
 pytestmark = pytest.mark.slow
 
@@ -45,16 +45,7 @@ SCREENSHOTS = os.environ.get("VIEWER_SCREENSHOTS")
 # beside the Transformer's nearest step.
 QUICK = {
     "rnn": ["trainer.max_steps=4", "trainer.eval_every=2"],
-    "transformer": [
-        "model=transformer",
-        "model.d_model=32",
-        "model.n_heads=2",
-        "model.ff_size=64",
-        "model.encoder_layers=2",
-        "model.decoder_layers=2",
-        "trainer.max_steps=4",
-        "trainer.eval_every=4",
-    ],
+    "transformer": [*TINY_TRANSFORMER, "trainer.max_steps=4", "trainer.eval_every=4"],
 }
 SAMPLES = ["trainer.attention_samples=2", "trainer.batch_tokens=1000"]
 # The screenshots' runs learn (helpers.LEARNING_FAMILIES, about a minute each): their validation
