@@ -4,12 +4,12 @@ same training time and after the same number of epochs, and which group leads at
 
 import statistics
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from comparison.curves import Curves, value_at
 from comparison.formats import format_mean_std
 from comparison.runs import Run, group_labels
-from comparison.statistics import EPS
+from comparison.statistics import EPS, SIGNIFICANT, welch_t_test
 
 
 def budgets(curves: Sequence[Optional[Curves]], axis: str, step: float) -> List[float]:
@@ -59,6 +59,18 @@ def budget_table(
     return lines
 
 
+def named_spans(marks: Sequence[Tuple[str, float, int]], span: Callable[[float, float], str]) -> str:
+    """``leader at first-last, ...`` for ``(leader, budget, column)`` marks in column order,
+    consecutive columns with the same leader together (``span(first, last)`` names them)."""
+    spans: List[List[Any]] = []  # [leader, first budget, last budget, column index of the last]
+    for leader, x, j in marks:
+        if spans and spans[-1][0] == leader and spans[-1][3] == j - 1:
+            spans[-1][2:] = [x, j]
+        else:
+            spans.append([leader, x, x, j])
+    return ", ".join(f"{s[0]} at {span(s[1], s[2])}" for s in spans)
+
+
 def leaders(
     groups: Sequence[List[Run]],
     curves: Dict[Path, Optional[Curves]],
@@ -68,29 +80,32 @@ def leaders(
 ) -> str:
     """Which group has the higher mean validation BLEU at each budget that every seed of two groups
     or more reached (a mean over the seeds that got there would favour the groups whose weak seeds
-    had not), consecutive budgets with the same leader together (``span(first, last)`` names them)."""
-    spans: List[List[Any]] = []  # [leader, first budget, last budget, column index of the last]
-    labels = group_labels(groups)
+    had not), and where Welch's t-test over the seeds tells the leader from the next group."""
+    marks: List[Tuple[str, float, int]] = []  # (leader, budget, column)
+    shown: List[Tuple[str, float, int]] = []  # those where Welch's p < SIGNIFICANT
     for j, x in enumerate(columns):
-        means = []
-        for group, label in zip(groups, labels):
+        reached = []  # (mean, label, values) of the groups every seed of which reached x
+        for group, label in zip(groups, group_labels(groups)):
             found = group_curves(group, curves)
             values = budget_values(found, axis, x)
             if values and len(values) == len(found):
-                means.append((statistics.fmean(values), label))
-        if len(means) < 2:
+                reached.append((statistics.fmean(values), label, values))
+        if len(reached) < 2:
             continue
-        top = max(m for m, _ in means)
-        first = [label for m, label in means if m == top]
-        leader = first[0] if len(first) == 1 else " and ".join(first) + " (equal)"
-        if spans and spans[-1][0] == leader and spans[-1][3] == j - 1:
-            spans[-1][2:] = [x, j]
-        else:
-            spans.append([leader, x, x, j])
-    if not spans:
+        reached.sort(key=lambda r: -r[0])
+        top = [label for m, label, _ in reached if m == reached[0][0]]
+        leader = top[0] if len(top) == 1 else " and ".join(top) + " (equal)"
+        marks.append((leader, x, j))
+        p = welch_t_test(reached[1][2], reached[0][2])[2]
+        if len(top) == 1 and p < SIGNIFICANT:  # NaN (a group of one seed) compares False
+            shown.append((leader, x, j))
+    if not marks:
         return "No budget was reached by every seed of two configurations."
-    named = ", ".join(f"{s[0]} at {span(s[1], s[2])}" for s in spans)
-    return f"Higher mean validation BLEU, at the budgets every seed reached: {named}."
+    return (
+        f"Higher mean validation BLEU, at the budgets every seed reached: {named_spans(marks, span)}. "
+        f"Shown by Welch's t-test over the seeds (the leader against the next, p < {SIGNIFICANT:g}): "
+        f"{named_spans(shown, span) or 'none'}."
+    )
 
 
 def _minutes_span(first: float, last: float) -> str:

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from comparison.formats import format_p, format_score, format_seeds
 from comparison.runs import CompareError, Run, group_labels, score_of, seed_pairs
 from comparison.statistics import (
+    SIGNIFICANT,
     exact_permutations,
     mean_std,
     permutation_test,
@@ -140,18 +141,18 @@ def verdict(
         f"{labels[1]} - {labels[0]}: {diff:+.2f} {metric} (mean over {format_seeds(len(a), len(b))}); "
         f"Welch p = {format_p(welch_p)}, permutation p = {format_p(permutation_p)}: "
     )
-    if not math.isnan(welch_p) and welch_p < 0.05:
-        text += f"{leader}'s mean is higher across seeds (Welch p < 0.05)"
+    if not math.isnan(welch_p) and welch_p < SIGNIFICANT:
+        text += f"{leader}'s mean is higher across seeds (Welch p < {SIGNIFICANT:g})"
     else:
         text += f"no difference shown with {format_seeds(len(a), len(b))}"
     tested = [(d, p) for d, p in pairs if p is not None]
     if diff != 0 and tested:
         sign = 1 if diff > 0 else -1
         ahead = sum(d * sign > 0 for d, _ in tested)
-        shown = sum(d * sign > 0 and p < 0.05 for d, p in tested)
+        shown = sum(d * sign > 0 and p < SIGNIFICANT for d, p in tested)
         every = "every seed pair" if ahead == len(tested) else f"{ahead} of {len(tested)} seed pairs"
-        text += f"; {leader} higher in {every} (bootstrap p < 0.05 in {shown} of {len(tested)})"
-        against = sum(d * sign < 0 and p < 0.05 for d, p in tested)
+        text += f"; {leader} higher in {every} (bootstrap p < {SIGNIFICANT:g} in {shown} of {len(tested)})"
+        against = sum(d * sign < 0 and p < SIGNIFICANT for d, p in tested)
         if against:
             other = labels[0] if leader == labels[1] else labels[1]
             text += f", {other} significantly higher in {against}"

@@ -10,6 +10,7 @@ import statistics
 from typing import Sequence, Tuple
 
 EPS = 1e-9  # values this close are equal (budgets and evaluations at the same point, a split's difference)
+SIGNIFICANT = 0.05  # the level at which a test's p shows a difference
 SPLITS = 100_000  # the permutation test goes through every split up to this many, else draws this many
 
 

@@ -112,10 +112,11 @@ def test_the_runs_table_has_every_run_in_job_order_with_its_results(sweep, repor
             f"{curve[-1][1] / 60:.1f} min",
             "1,500",
             f"{max(b for _, _, b in curve):.2f}",
+            "`best.pt`",
             f"{scores['bleu']:.2f}",
             f"{scores['chrf']:.2f}",
         ]
-    bleus = [float(row[9]) for row in rows]
+    bleus = [float(row[10]) for row in rows]
     assert bleus == sorted(bleus) and bleus[0] < bleus[-1]  # fewer words dropped, higher BLEU
     sig = signatures()
     assert f"sacrebleu signatures: BLEU `{sig['bleu']}`, chrF `{sig['chrf']}`" in out
@@ -130,8 +131,8 @@ def test_each_run_is_tested_against_the_first_on_the_same_sentences(sweep, repor
     runs = table(out, "Runs")
     assert [row[0] for row in rows] == [row[0] for row in runs]
     # the scores of the .hyp files, as in results.json
-    assert [row[1] for row in rows] == [row[9] for row in runs]
-    assert [row[4] for row in rows] == [row[10] for row in runs]
+    assert [row[1] for row in rows] == [row[10] for row in runs]
+    assert [row[4] for row in rows] == [row[11] for row in runs]
     assert rows[0][3] == rows[0][6] == "(baseline)"
     for row in rows:
         mean, ci = row[2].split(" ± ")
@@ -149,7 +150,7 @@ def test_runs_that_differ_only_by_seed_form_a_group_with_mean_and_spread(report)
     assert [row[:3] for row in rows] == [["rnn", "2", "21.00 ± 1.41"], ["transformer", "2", "32.00 ± 2.83"]]
     assert rows[0][5:] == ["1.1 ± 0.1 min", "1,500 ± 0"]  # 60 and 66 seconds
     runs = table(out, "Runs")
-    test_bleu = [float(row[9]) for row in runs[:2]]
+    test_bleu = [float(row[10]) for row in runs[:2]]
     mean, std = rows[0][3].split(" ± ")
     assert float(mean) == pytest.approx(sum(test_bleu) / 2, abs=0.006)
     assert float(std) == pytest.approx(abs(test_bleu[0] - test_bleu[1]) / math.sqrt(2), abs=0.006)
@@ -255,10 +256,11 @@ def test_every_test_split_of_any_run_is_a_column_and_missing_scores_are_dashes(r
         for split in ("test_2016_flickr", "test_2017_flickr")
         for metric in ("BLEU", "chrF")
     ]
-    assert head.endswith(" | ".join(["valid BLEU", *columns]) + " |")
-    (a_valid, *a_tests), (_, *b_tests) = [row[8:] for row in table(out, "Runs")]
+    assert head.endswith(" | ".join(["valid BLEU", "test weights", *columns]) + " |")
+    (a_valid, a_weights, *a_tests), (_, _, *b_tests) = [row[8:] for row in table(out, "Runs")]
     assert (
         a_valid == "-"
+        and a_weights == "`best.pt`"
         and a_tests == ["100.00", "100.00", "-", "-"]
         and b_tests == ["-", "-", "100.00", "100.00"]
     )
@@ -658,6 +660,9 @@ def test_validation_bleu_at_equal_training_time_is_interpolated_per_seed(seeds_r
     # where every seed of both has a value, 3 min only: 15.07 < 17.50 (2 min: rnn's 13.67 is 2 of 3
     # seeds against 1 of 2; 4 min: 17.70 against 1 of 2)
     assert "Higher mean validation BLEU, at the budgets every seed reached: transformer at 3 min." in text
+    # 3 min: transformer 13 and 22 against rnn 16, 18 and 11.2: Welch's p is far above 0.05
+    assert welch_t_test([16, 18, 10 + 6 * 0.5 / 2.5], [13, 22])[2] > 0.5
+    assert "Shown by Welch's t-test over the seeds (the leader against the next, p < 0.05): none." in text
 
 
 def test_validation_bleu_at_equal_epochs_takes_each_evaluations_epoch(seeds_report):
@@ -672,6 +677,30 @@ def test_validation_bleu_at_equal_epochs_takes_each_evaluations_epoch(seeds_repo
     )
     assert transformer == ["transformer", "2", "16.00 ± 8.49", "12.00 (1/2)", "17.00 (1/2)"]
     assert "Higher mean validation BLEU, at the budgets every seed reached: transformer at epoch 1." in text
+    assert "Shown by Welch's t-test over the seeds (the leader against the next, p < 0.05): none." in text
+
+
+def test_a_lead_at_a_budget_is_shown_where_welchs_test_tells_the_seeds_apart(refs, tmp_path):
+    # both transformer seeds far above both rnn seeds at 1 and 2 min; at 3 min the rnn leads by
+    # less than its seeds' spread; the transformer stops there
+    curves = {
+        ("rnn", 1): [(2, 60.0, 10.0), (4, 120.0, 11.0), (6, 180.0, 30.0), (8, 240.0, 32.0)],
+        ("rnn", 2): [(2, 60.0, 11.0), (4, 120.0, 12.0), (6, 180.0, 20.0), (8, 240.0, 33.0)],
+        ("transformer", 1): [(2, 60.0, 30.0), (4, 120.0, 31.0), (6, 180.0, 24.0)],
+        ("transformer", 2): [(2, 60.0, 31.0), (4, 120.0, 32.5), (6, 180.0, 23.0)],
+    }
+    for number, ((model, seed), curve) in enumerate(curves.items()):
+        overrides = [f"model={model}", f"seed={seed}"]
+        write_run(sweep_job(tmp_path / "sweep", number, overrides), refs, refs, overrides, curve)
+    code, out, _ = compare(tmp_path / "sweep", "--bootstrap", 10, "--minutes-step", 1, "--no-plot")
+    assert code == 0
+    text = section(out, "Validation BLEU at equal training time")
+    assert "every seed reached: transformer at 1-2 min, rnn at 3 min." in text
+    assert welch_t_test([10, 11], [30, 31])[2] < 0.01 and welch_t_test([30, 20], [24, 23])[2] > 0.5
+    assert (
+        "Shown by Welch's t-test over the seeds (the leader against the next, p < 0.05): transformer at 1-2 min."
+        in text
+    )
 
 
 def test_budgets_follow_the_minutes_step_and_runs_without_curves_are_said(
