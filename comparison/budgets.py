@@ -93,11 +93,11 @@ def leaders(
         if len(reached) < 2:
             continue
         reached.sort(key=lambda r: -r[0])
-        top = [label for m, label, _ in reached if m == reached[0][0]]
+        top = [label for m, label, _ in reached if reached[0][0] - m <= EPS]
         leader = top[0] if len(top) == 1 else " and ".join(top) + " (equal)"
         marks.append((leader, x, j))
         p = welch_t_test(reached[1][2], reached[0][2])[2]
-        if len(top) == 1 and p < SIGNIFICANT:  # NaN (a group of one seed) compares False
+        if len(top) == 1 and p < SIGNIFICANT:  # NaN (a group of one seed, or no spread) compares False
             shown.append((leader, x, j))
     if not marks:
         return "No budget was reached by every seed of two configurations."

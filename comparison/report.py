@@ -34,7 +34,7 @@ def runs_table(runs: Sequence[Run], splits: Sequence[str]) -> List[str]:
             format_minutes(r["train_seconds"]),
             f"{r['train_tokens_per_second']:,.0f}",
             format_score(r["valid"].get("bleu")),
-            f"`{r['test_weights']['used']}`" if "test_weights" in r else "-",
+            f"`{used}`" if (used := (r.get("test_weights") or {}).get("used")) else "-",
         ]
         for split in splits:
             scores = r["test"].get(split, {})
@@ -80,8 +80,8 @@ def report(
     splits = test_splits(runs)
     lines = ["## Runs", ""] + runs_table(runs, splits) + [""]
     lines.append(
-        "Valid BLEU: greedy search, best evaluation. Test scores: beam search with the test weights,"
-        " of `best.pt` and the run's weight averages those that validated best."
+        "Valid BLEU: greedy search, best evaluation. Test scores: beam search with the test weights:"
+        " whichever of `best.pt` and the run's weight averages validated best."
     )
     sacre = {
         json.dumps(r.results.get("sacrebleu"), sort_keys=True) for r in runs if r.results.get("sacrebleu")

@@ -246,7 +246,9 @@ def test_a_hypothesis_file_shorter_than_its_references_is_an_error(refs, tmp_pat
 
 
 def test_every_test_split_of_any_run_is_a_column_and_missing_scores_are_dashes(refs, tmp_path):
-    write_run(tmp_path / "a", refs, refs, curve=None, valid={"bleu": None})
+    # a: stopped before its first evaluation, so no weights were chosen for its tests
+    no_choice = {"used": None, "valid_bleu": {}}
+    write_run(tmp_path / "a", refs, refs, curve=None, valid={"bleu": None}, test_weights=no_choice)
     write_run(tmp_path / "b", refs, refs, curve=None, split="test_2017_flickr")
     code, out, _ = compare(tmp_path / "a", tmp_path / "b", "--out", tmp_path, "--no-plot")
     assert code == 0
@@ -257,10 +259,10 @@ def test_every_test_split_of_any_run_is_a_column_and_missing_scores_are_dashes(r
         for metric in ("BLEU", "chrF")
     ]
     assert head.endswith(" | ".join(["valid BLEU", "test weights", *columns]) + " |")
-    (a_valid, a_weights, *a_tests), (_, _, *b_tests) = [row[8:] for row in table(out, "Runs")]
+    (a_valid, a_weights, *a_tests), (_, b_weights, *b_tests) = [row[8:] for row in table(out, "Runs")]
     assert (
         a_valid == "-"
-        and a_weights == "`best.pt`"
+        and (a_weights, b_weights) == ("-", "`best.pt`")
         and a_tests == ["100.00", "100.00", "-", "-"]
         and b_tests == ["-", "-", "100.00", "100.00"]
     )
