@@ -15,7 +15,7 @@ from comparison.significance import across_seeds_section, paired_bootstrap, sign
 
 def runs_table(runs: Sequence[Run], splits: Sequence[str]) -> List[str]:
     head = ["run", "model", "seed", "params", "steps", "epochs", "train time", "tgt tok/s", "valid BLEU"]
-    head.append("test weights")
+    head += ["test weights"]  # which of best.pt and the weight averages decoded the test splits
     for split in splits:
         head += [f"{split} BLEU", f"{split} chrF"]
     lines = [
