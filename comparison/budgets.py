@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from comparison.curves import Curves, value_at
+from comparison.curves import Curves, group_curves, value_at
 from comparison.formats import format_mean_std
 from comparison.runs import Run, group_labels
 from comparison.statistics import EPS, SIGNIFICANT, welch_t_test
@@ -18,11 +18,6 @@ def budgets(curves: Sequence[Optional[Curves]], axis: str, step: float) -> List[
     if not ends:
         return []
     return [round(k * step, 9) for k in range(1, int(max(ends) / step + EPS) + 1)]
-
-
-def group_curves(group: Sequence[Run], curves: Dict[Path, Optional[Curves]]) -> List[Curves]:
-    """The curves of the group's runs that have one."""
-    return [curves[run.path] for run in group if curves.get(run.path) is not None]
 
 
 def budget_values(curves: Sequence[Optional[Curves]], axis: str, x: float) -> List[float]:

@@ -6,6 +6,7 @@ and the mean, lowest and highest of several runs' curves.
 import bisect
 import math
 import statistics
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from comparison.runs import Run
@@ -59,6 +60,11 @@ def run_curves(run: Run) -> Optional[Curves]:
         "minutes": _increasing(minutes, bleu),
         "epochs": _increasing([epoch_of.get(s) for s in steps], bleu),
     }
+
+
+def group_curves(group: Sequence[Run], curves: Dict[Path, Optional[Curves]]) -> List[Curves]:
+    """The curves of the group's runs that have one (``curves``: ``run_curves`` by run path)."""
+    return [curves[run.path] for run in group if curves.get(run.path) is not None]
 
 
 def value_at(points: Points, x: float) -> Optional[float]:

@@ -89,6 +89,11 @@ def decode(runs: Sequence[Run], sources: List[str], references: List[str], devic
     return Decoded(system_label(runs), hyps, corpus_scores(hyps, references), seconds)
 
 
+def best_member(members: Sequence[Decoded]) -> Decoded:
+    """The member with the highest BLEU: the one an ensemble's gain is measured against."""
+    return max(members, key=lambda m: m.scores["bleu"])
+
+
 def ensemble_runs(folders: Sequence[Path]) -> List[Run]:
     """The finished runs of one ``--ensemble`` (at least two run folders)."""
     if len(folders) < 2:
@@ -131,7 +136,7 @@ def score_ensembles(ensembles: Sequence[Sequence[Run]], samples: int, device: st
                     alone[key] = decode([run], sources, references, device)
                 members.append(alone[key])
             together = decode(runs, sources, references, device)
-            best = max(members, key=lambda m: m.scores["bleu"])
+            best = best_member(members)
             results, _ = bootstrap_systems(
                 [(best.label, best.hyps), (together.label, together.hyps)], references, samples
             )
@@ -164,7 +169,7 @@ def ensembles_section(scored: Scored) -> List[str]:
             for member in members:
                 bleu, chrf = member.scores["bleu"], member.scores["chrf"]
                 lines.append(f"| {member.label} | {bleu:.2f} | {chrf:.2f} | {member.seconds:.1f} s | | | |")
-            best = max(m.scores["bleu"] for m in members)
+            best = best_member(members).scores["bleu"]
             slowest = max(m.seconds for m in members)
             lines.append(
                 f"| **{ensemble.label}** | **{ensemble.scores['bleu']:.2f}** | {ensemble.scores['chrf']:.2f} "

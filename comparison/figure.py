@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from common.files import AtomicFile
-from comparison.curves import AXES, Curves, mean_curve
+from comparison.curves import AXES, Curves, group_curves, mean_curve
 from comparison.runs import Run, group_labels
 
 
@@ -24,7 +24,7 @@ def figure(groups: Sequence[List[Run]], curves: Dict[Path, Optional[Curves]]):
     banded = False
     for g, (group, label) in enumerate(zip(groups, group_labels(groups))):
         color = colors[g % len(colors)]
-        found = [curves[r.path] for r in group if curves.get(r.path) is not None]
+        found = group_curves(group, curves)
         for ax, axis in zip(panels, AXES):
             points = [c[axis] for c in found if c[axis][0]]
             if not points:

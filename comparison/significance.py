@@ -7,12 +7,11 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from comparison.formats import format_p, format_score, format_seeds
+from comparison.formats import format_mean_std, format_p, format_score, format_seeds
 from comparison.runs import CompareError, Run, group_labels, score_of, seed_pairs
 from comparison.statistics import (
     SIGNIFICANT,
     exact_permutations,
-    mean_std,
     permutation_test,
     smallest_permutation_p,
     welch_t_test,
@@ -187,15 +186,14 @@ def across_seeds(
             continue
         t, df, welch_p = welch_t_test(a, b)
         permutation_p, splits = permutation_test(a, b)
-        (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
         welch = (
             "undefined (the scores vary in neither group)"
             if math.isnan(t)
             else f"t = {t:.2f}, df = {df:.1f}, p = {format_p(welch_p)}"
         )
         lines.append(
-            f"Across seeds: {labels[0]} {mean_a:.2f} ± {std_a:.2f} ({len(a)} seeds), {labels[1]} "
-            f"{mean_b:.2f} ± {std_b:.2f} ({len(b)} seeds). Welch's t-test: {welch}. Permutation test: "
+            f"Across seeds: {labels[0]} {format_mean_std(a)} ({len(a)} seeds), {labels[1]} "
+            f"{format_mean_std(b)} ({len(b)} seeds). Welch's t-test: {welch}. Permutation test: "
             f"p = {format_p(permutation_p)} over {'all' if exact_permutations(len(a), len(b)) else 'a sample of'} "
             f"{splits} splits of the {len(a) + len(b)} scores into "
             f"{len(a)} + {len(b)} (the smallest p it can give: {smallest_permutation_p(len(a), len(b)):.3f})."
@@ -220,8 +218,8 @@ def across_seeds_section(groups: Sequence[List[Run]], split: str, samples: int) 
         "seeds. Across seeds: Welch's t-test (two-sided) on the per-seed test scores, and an exact "
         "permutation test of the difference of the means over the splits of the pooled per-seed "
         "scores, as a check that assumes no distribution (its smallest possible p is given with it: "
-        "with 3 + 3 seeds 0.1, 2 of the 20 splits, so it cannot show a difference at 0.05). The "
-        "verdict is Welch's at p < 0.05, and a t-test on a few seeds has little power: \"no "
+        f"with 3 + 3 seeds 0.1, 2 of the 20 splits, so it cannot show a difference at {SIGNIFICANT:g}). "
+        f"The verdict is Welch's at p < {SIGNIFICANT:g}, and a t-test on a few seeds has little power: \"no "
         'difference shown" is not evidence that there is none.'
     )
     single = [label for g, label in zip(groups, labels) if len(g) == 1]

@@ -5,8 +5,9 @@ folder (every finished run below it is taken, in job order). Prints a Markdown r
 it to ``comparison.md``, with ``comparison.png`` beside it:
 
 - one row per run: model, parameters, steps, epochs, training time, target tokens/s, validation
-  BLEU (greedy, best evaluation), and BLEU and chrF of every test split (beam search, best
-  checkpoint), with the sacrebleu signatures once;
+  BLEU (greedy, best evaluation), the test weights (whichever of ``best.pt`` and the weight
+  averages validated best), and BLEU and chrF of every test split (beam search with those
+  weights), with the sacrebleu signatures once;
 - significance: sacrebleu's paired bootstrap resampling of every run against the first one, per
   test split, from the runs' ``<split>.hyp`` and ``<split>.ref`` files (p-values, and each
   system's mean score with a 95% confidence interval over the resampled test sets);
@@ -18,7 +19,8 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
   scores, and a sentence that says what they show;
 - validation BLEU at equal budgets: a table of each group's validation BLEU (mean ± std over its
   seeds, interpolated between evaluations) after 5, 10, 15, ... minutes of training
-  (``--minutes-step``) and after 1, 2, 3, ... epochs, with which group leads at each budget;
+  (``--minutes-step``) and after 1, 2, 3, ... epochs, with which group leads at each budget and
+  where Welch's t-test over the seeds shows the lead;
 - ``comparison.png``: validation BLEU against training minutes and against epochs, per group the
   mean over its seeds and a band from the lowest to the highest seed (one run: its curve), read
   from each run's TensorBoard event files (``valid/bleu`` and ``valid/train_seconds`` at each

@@ -18,6 +18,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 import torch
 
+from data.batching import pad
 from data.corpus import read_lines
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from inference.decoding import source_mask
@@ -88,8 +89,7 @@ def padded_sources(vocab=40, seed=1):
     ids = [
         torch.randint(4, vocab, (n,), generator=generator).tolist() + [EOS_ID] for n in (3, 9, 5, 12, 1, 7)
     ]
-    longest = max(len(row) for row in ids)
-    return ids, torch.tensor([row + [PAD_ID] * (longest - len(row)) for row in ids])
+    return ids, pad(ids)
 
 
 def teacher_forced_score(members, src, out_ids):
