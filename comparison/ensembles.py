@@ -75,7 +75,7 @@ def decode(runs: Sequence[Run], sources: List[str], references: List[str], devic
     a warm-up batch)."""
     from common.checkpoint import CheckpointError
     from inference.translator import Translator
-    from training.metrics import corpus_scores
+    from training.validation import corpus_scores
 
     try:
         translator = Translator.from_checkpoints([test_checkpoint(run) for run in runs], device)

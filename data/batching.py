@@ -80,8 +80,19 @@ class Batch:
         )
 
     @property
+    def src_mask(self) -> Tensor:
+        """``source_mask`` of the source ids: ``(B, S)``, True at real tokens."""
+        return source_mask(self.src)  # (B, S)
+
+    @property
     def n_tgt_tokens(self) -> int:
         return int(self.tgt_lengths.sum())
+
+
+def source_mask(src: Tensor) -> Tensor:
+    """The padding mask of source ids ``(B, S)`` padded with PAD, True at real tokens: built from the
+    ids (no host sync, on any device). The one source mask of training, evaluation and translation."""
+    return src != PAD_ID  # (B, S)
 
 
 def pad(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:

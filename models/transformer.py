@@ -231,7 +231,7 @@ class Transformer(nn.Module):
         kernel takes). Both give the same logits at every real target position: padding only
         follows a row's real tokens (``data/batching.py``), so a real query, which sees keys up to
         itself, never sees a padding key. Only padded queries differ, and the loss ignores them
-        (``training/loss.py``: target padding is at the same positions). With ``need_weights`` the
+        (``training/step.py``: target padding is at the same positions). With ``need_weights`` the
         attention (``models/seq2seq.py``) holds ``cross`` ``[(B, H, T, S)]`` and
         ``decoder_self`` ``[(B, H, T, T)]`` per decoder layer, ``encoder_self`` ``[(B, H, S, S)]`` per
         encoder layer; else ``{}``.

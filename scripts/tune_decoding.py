@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     from data.corpus import read_lines
     from data.errors import DataError
     from inference.translator import Translator
-    from training.metrics import corpus_scores
+    from training.validation import corpus_scores
 
     try:
         sources, references = read_lines(args.src), read_lines(args.ref)

@@ -3,8 +3,8 @@ composing the config, the tiny runs' overrides, TensorBoard scalars, slices of M
 scripts and entry points loaded as modules, translate.py's main run in this process, a deadline
 that turns a hang into a failure, and finished run folders written in train.py's format.
 
-A run folder as ``train.py`` leaves it (``training/finish.py``: ``results_of``;
-``training/run.py``: ``decode_tests``; ``training/trainer.py``: the ``valid/*`` scalars of each
+A run folder as ``train.py`` leaves it (``training/results.py``: ``results_of``;
+``decode_tests``; ``training/trainer.py``: the ``valid/*`` scalars of each
 evaluation; ``train.py``: ``record_config``): ``results.json``, ``.hydra/config.yaml`` (the
 composed config) and ``.hydra/overrides.yaml`` (the command line's overrides), ``<split>.hyp``
 and ``<split>.ref`` (one sentence a line) and ``tb/`` (TensorBoard events; compare.py reads
@@ -113,7 +113,7 @@ def write_run(
     ``results.json``."""
     from omegaconf import OmegaConf
 
-    from training.metrics import corpus_scores, signatures
+    from training.validation import corpus_scores, signatures
 
     cfg = compose(overrides)
     folder.mkdir(parents=True)

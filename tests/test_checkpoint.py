@@ -1,4 +1,4 @@
-"""Checkpoints (training/checkpoint.py): weights-only round trip, atomic writes, clear errors, RNG states."""
+"""Checkpoints (training/resume.py, training/averaging.py): weights-only round trip, atomic writes, clear errors, RNG states."""
 
 import pickle
 import random
@@ -11,7 +11,8 @@ from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.files import AtomicFile
 from models.config import RNNConfig
 from models.rnn import RNNModel
-from training.checkpoint import cuda_states_to_restore, keep_recent, rng_states, set_rng_states
+from training.averaging import keep_recent
+from training.resume import cuda_states_to_restore, rng_states, set_rng_states
 
 
 def payload(seed: int = 0) -> dict:

@@ -29,7 +29,7 @@ from data.tokenizer import normalize
 from inference.decoding import translate_split
 from inference.translator import Translator
 from training import distributed
-from training.metrics import corpus_scores
+from training.validation import corpus_scores
 from training.trainer import Trainer
 
 from helpers import (

@@ -1,11 +1,11 @@
-"""Label-smoothed cross-entropy (training/loss.py) against PyTorch's cross_entropy."""
+"""Label-smoothed cross-entropy (training/step.py) against PyTorch's cross_entropy."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from data.specials import PAD_ID
-from training.loss import label_smoothed_nll
+from training.step import label_smoothed_nll
 
 V = 30
 

@@ -1,8 +1,8 @@
-"""Corpus BLEU and chrF (training/metrics.py) with sacrebleu."""
+"""Corpus BLEU and chrF (training/validation.py) with sacrebleu."""
 
 import pytest
 
-from training.metrics import corpus_scores, signatures
+from training.validation import corpus_scores, signatures
 
 REFS = ["The cat sat on the mat.", "A man is riding a bike down the street.", "Two dogs play in the snow."]
 

@@ -1,10 +1,15 @@
-"""Averages of weights: an exponential moving average kept while training (``trainer.ema_decay``)
-and the plain mean of saved checkpoints (``scripts/average_checkpoints.py``, ``trainer.average_last``).
+"""The checkpoints a run keeps and the averages of weights: ``step_<step>.pt`` beside ``last.pt`` for
+the last evaluations (``trainer.keep_last``, ``trainer.average_last``), an exponential moving
+average kept while training (``trainer.ema_decay``) and the plain mean of saved checkpoints
+(``scripts/average_checkpoints.py``, ``trainer.average_last``).
 
 Both smooth out the noise of the last updates; the averaged weights are an ordinary model state,
 saved as an ordinary checkpoint that ``translate.py`` and ``scripts/compare.py`` take.
 """
 
+import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -12,7 +17,28 @@ import torch
 from torch import Tensor, nn
 
 from common.checkpoint import CheckpointError, load_checkpoint
-from training.checkpoint import step_checkpoints
+from common.files import AtomicFile
+
+STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt$")
+
+
+def step_checkpoints(folder: Path) -> List[Path]:
+    """The ``step_<step>.pt`` checkpoints of a run's checkpoint folder, oldest (lowest step) first."""
+    found = [(m, path) for path in Path(folder).glob("step_*.pt") if (m := STEP_CHECKPOINT.search(path.name))]
+    return [path for m, path in sorted(found, key=lambda item: int(item[0].group(1)))]
+
+
+def keep_recent(folder: Path, step: int, keep: int) -> None:
+    """Keep ``last.pt`` as ``step_<step>.pt`` too (a hard link: no second write), and only the ``keep`` newest of those."""
+    kept = folder / f"step_{step:07d}.pt"
+    kept.unlink(missing_ok=True)
+    try:
+        os.link(folder / "last.pt", kept)
+    except OSError:  # no hard links on this file system: a copy, atomic like every checkpoint write
+        with open(folder / "last.pt", "rb") as source, AtomicFile(kept, "wb") as out:
+            shutil.copyfileobj(source, out)
+    for old in step_checkpoints(folder)[:-keep]:
+        old.unlink()
 
 
 def ema_decay_at(decay: float, step: int) -> float:

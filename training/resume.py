@@ -1,18 +1,20 @@
 """Continuing a run from a checkpoint: only with the model, the vocabulary and the settings that
 decide the batches it was trained with (anything else could not give the run it continues); each
-rank's random generators as they were, and what cannot be restored exactly said once."""
+rank's random generators, saved in every checkpoint and restored as they were, and what cannot be
+restored exactly said once."""
 
 import logging
+import random
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from common.checkpoint import CheckpointError
 from common.settings import NOT_SETTINGS, flatten
-from training.checkpoint import set_rng_states
+from models.seq2seq import map_state
 from training.distributed import World
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,68 @@ def remove_stale_temporaries(ckpt_dir: Path) -> None:
     for stale in ckpt_dir.glob(".*.pt.*.tmp"):
         log.info("removing %s, the temporary file of a save that did not finish", stale)
         stale.unlink()
+
+
+def to_cpu(tree: Any) -> Any:
+    """A copy of a nest of dicts / lists / tuples with every tensor on the CPU (loadable anywhere)."""
+    return map_state(tree, lambda tensor: tensor.detach().cpu())
+
+
+def rng_states() -> Dict[str, Any]:
+    """Python's, NumPy's, torch's and (when present) CUDA's generators, as tensors and plain data
+    (``cuda``: one state per visible GPU)."""
+    import numpy as np
+
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def cuda_states_to_restore(
+    saved: List[torch.Tensor], visible: int, used: Optional[int]
+) -> Tuple[List[torch.Tensor], str]:
+    """The CUDA generator states of ``saved`` (one per GPU of the saving process) that the
+    ``visible`` GPUs of this one take, GPU ``i`` state ``i``; and, when the GPU this process
+    trains on (``used``; None: the CPU) gets none, a line that says so (else empty)."""
+    kept = list(saved[:visible])
+    if used is None or used < len(kept):
+        return kept, ""
+    return (
+        kept,
+        f"the checkpoint holds the generators of {len(saved)} GPU(s), none for GPU {used}: it starts a new one",
+    )
+
+
+def set_rng_states(states: Dict[str, Any], device: Optional[torch.device] = None) -> List[str]:
+    """Restore the generators of ``rng_states``; what could not be restored of those that the
+    process on ``device`` draws from (empty: all of them)."""
+    import numpy as np
+
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    if "numpy" in states:
+        n = states["numpy"]
+        np.random.set_state(
+            (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
+    used = (device.index or 0) if device is not None and device.type == "cuda" else None
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    kept, lost = cuda_states_to_restore(states.get("cuda", []), visible, used)
+    for index, state in enumerate(kept):
+        torch.cuda.set_rng_state(state, index)
+    return [lost] if lost else []
 
 
 def cudnn_rnn_dropout(model: nn.Module) -> bool:

@@ -1,6 +1,9 @@
 """One optimizer step: forward and label-smoothed loss over the step's batches (gradient
 accumulation), backward, gradient clipping, the learning rate of the step, the update. A step
-whose loss or gradient norm is not finite changes nothing: no update, no step counted."""
+whose loss or gradient norm is not finite changes nothing: no update, no step counted.
+
+The loss is label-smoothed cross-entropy over target tokens, padding ignored (Szegedy et al. 2016);
+validation takes its plain NLL from the same function."""
 
 import logging
 import math
@@ -12,14 +15,36 @@ from torch import Tensor, nn
 
 from data.batching import Batch
 from data.specials import PAD_ID
-from inference.decoding import src_mask_of
 from training import distributed
 from training.config import TrainerConfig
 from training.distributed import World
-from training.loss import label_smoothed_nll
 from training.progress import Progress, StepStats
 
 log = logging.getLogger(__name__)
+
+
+def label_smoothed_nll(
+    logits: Tensor, target: Tensor, pad_id: int, smoothing: float
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Summed losses over the non-padding positions of ``target``.
+
+    ``logits`` ``(B, T, V)``, ``target`` ``(B, T)``. The smoothed loss is
+    ``(1 - eps) * NLL + eps * mean_v(-log p_v)``: the cross-entropy against a target distribution
+    that puts ``1 - eps`` on the reference token and spreads ``eps`` uniformly over the vocabulary.
+
+    Returns (smoothed loss sum, NLL sum, number of target tokens), scalars on the logits' device
+    (no host sync); the NLL gives perplexity.
+    """
+    log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    keep = target != pad_id  # (B, T)
+    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    nll = nll.masked_select(keep)  # (M,)
+    if smoothing > 0:
+        uniform = -log_probs.mean(dim=-1).masked_select(keep)  # (M,)
+        loss = (1.0 - smoothing) * nll + smoothing * uniform  # (M,)
+    else:
+        loss = nll
+    return loss.sum(), nll.sum().detach(), keep.sum()
 
 
 def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer:
@@ -49,7 +74,7 @@ def accumulate_gradients(
         batch = batch.to(device)
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
             with autocast():
-                logits, _ = forward(batch.src, src_mask_of(batch), batch.tgt_in)  # (B, T, V)
+                logits, _ = forward(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
             loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, tc.label_smoothing)
             (loss / n_tokens * world.world_size).backward()
         total += loss.detach()

@@ -5,12 +5,13 @@ Read ``train_epoch`` first: each step takes its batches, the rate of the schedul
 (``training/schedule.py``), accumulates, clips and updates (``training/step.py``), logs, evaluates
 when due (``training/validation.py``, then ``last.pt`` / ``best.pt``) and asks whether to stop
 (``training/stopping.py``). What a reader may skip is kept at the end of the class and in its own
-modules: resuming (``training/resume.py``), stop signals (``training/signals.py``), the run
+modules: resuming (``training/resume.py``), stop signals (``training/stopping.py``), the run
 folder's lock (``training/run_folder.py``) and the agreement of the ranks under DDP
 (``training/distributed.py``). A whole run in its folder is ``training/run.py``.
 """
 
 import logging
+import random
 import time
 from contextlib import closing
 from dataclasses import asdict
@@ -20,31 +21,64 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.device import autocast_for, pick_device, precision_name, set_tf32, set_threads
 from data.batching import Batch, TokenBucketSampler, collate
-from data.config import data_config
+from data.config import DataConfig, data_config
 from data.corpus import TRAIN
 from data.loading import collated
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
-from models.build import count_parameters
+from data.sampling import Resegmenter
+from data.specials import PAD_ID
+from data.tokenizer import Tokenizer
+from models.build import ModelConfig, build_model, count_parameters
 from training import distributed
-from training.averaging import ExponentialAverage
+from training.averaging import ExponentialAverage, keep_recent
 from training.board import Board, NullBoard
-from training.checkpoint import keep_recent, rng_states, to_cpu
 from training.config import model_config, trainer_config
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
-from training.resume import adopt_best, check_resumable, remove_stale_temporaries, restore_rngs
+from training.resume import (
+    adopt_best,
+    check_resumable,
+    remove_stale_temporaries,
+    restore_rngs,
+    rng_states,
+    to_cpu,
+)
 from training.run_folder import resume_path, unlock_run_folder
 from training.schedule import Schedule
-from training.setup import model_for, resegmenter, seed_everything
-from training.signals import Interrupted, StopRequest
 from training.step import count_skipped, make_optimizer, train_step
-from training.stopping import agree, stop_reason, total_steps
+from training.stopping import Interrupted, StopRequest, agree, stop_reason, total_steps
 from training.validation import draw_samples, log_scores, record, validate
 
 log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def model_for(model_cfg: ModelConfig, tokenizer: Tokenizer) -> nn.Module:
+    """The model of ``model_cfg`` for the tokenizer's vocabularies (with separate vocabularies the
+    source and target embeddings cannot be shared, whatever ``model.share_embeddings`` says)."""
+    if not tokenizer.joint and model_cfg.share_embeddings:
+        log.info(
+            "separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared"
+        )
+        model_cfg.share_embeddings = False
+    return build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, PAD_ID)
+
+
+def resegmenter(data: PreparedData, data_cfg: DataConfig, seed: int) -> Optional[Resegmenter]:
+    """The sampler of training segmentations when ``data.sampling_alpha`` is set, else None."""
+    if data_cfg.sampling_alpha is None:
+        return None
+    return Resegmenter(
+        data.tokenizer, data.train_text, data.datasets[TRAIN], data_cfg.sampling_alpha, seed, data_cfg.max_len
+    )
 
 
 class TrainingError(Exception):

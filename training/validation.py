@@ -1,24 +1,67 @@
 """An evaluation during training: validation loss and perplexity, greedy BLEU and chrF, attention
 images and the attention viewer's maps, sample translations; the scores decide ``best.pt`` and
-early stopping."""
+early stopping. Corpus BLEU and chrF are sacrebleu's, on detokenized text against the raw
+references (the test splits are scored by the same ``corpus_scores``)."""
 
 import logging
-from typing import Callable, ContextManager, Dict, List, Tuple
+import math
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Dict, List, Sequence, Tuple
 
 import torch
+from sacrebleu.metrics import BLEU, CHRF
 from torch import nn
 
+from data.batching import ParallelDataset
 from data.corpus import VALID
 from data.pipeline import PreparedData
-from inference.decoding import decode_ids, detokenize, output_attention
+from data.specials import PAD_ID
+from inference.decoding import decode_ids, detokenize, ordered_batches, output_attention
 from models.search import Hypothesis
 from training.board import Board
-from training.evaluate import validation_loss
-from training.metrics import corpus_scores
 from training.progress import Progress
+from training.step import label_smoothed_nll
 from viewer.summaries import Texts
 
 log = logging.getLogger(__name__)
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, float]:
+    """``{"bleu": ..., "chrf": ...}`` of one hypothesis per reference (one reference stream)."""
+    if len(hypotheses) != len(references):
+        # sacrebleu zips the two silently: a length mismatch would give a meaningless score.
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    refs: List[List[str]] = [list(references)]
+    return {
+        "bleu": BLEU().corpus_score(list(hypotheses), refs).score,
+        "chrf": CHRF().corpus_score(list(hypotheses), refs).score,
+    }
+
+
+def signatures() -> Dict[str, str]:
+    """sacrebleu's signatures of the two metrics as ``corpus_scores`` computes them (one reference)."""
+    bleu, chrf = BLEU(), CHRF()
+    bleu.corpus_score(["a"], [["a"]])  # the signature needs the number of references: score once
+    chrf.corpus_score(["a"], [["a"]])
+    return {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+
+
+@torch.no_grad()
+def validation_loss(
+    model: nn.Module, dataset: ParallelDataset, batch_tokens: int, device: torch.device, autocast=nullcontext
+) -> Dict[str, float]:
+    """Per-token NLL (no label smoothing) and perplexity of the references."""
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: one sync at the end
+    tokens = torch.zeros((), dtype=torch.int64, device=device)
+    for batch in ordered_batches(dataset, batch_tokens):
+        batch = batch.to(device)
+        with autocast():
+            logits, _ = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+        _, nll, n = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, 0.0)
+        total, tokens = total + nll, tokens + n
+    loss = float(total) / max(int(tokens), 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
 
 
 def validate(
