@@ -28,7 +28,7 @@ from training import distributed
 from training.config import register_configs
 from training.run import prepare, run
 from training.run_folder import RunFolderError
-from training.signals import INTERRUPTED, Interrupted
+from training.stopping import INTERRUPTED, Interrupted
 from training.trainer import TrainingError
 
 CONF_DIR = str(Path(__file__).resolve().parent / "conf")
@@ -48,6 +48,14 @@ def record_config(out_dir: Path, cfg: DictConfig) -> None:
     ]:
         with AtomicFile(folder / name) as out:
             out.write(OmegaConf.to_yaml(node))
+
+
+def log_to_file(level: int, message: str) -> None:
+    """Record ``message`` in ``train.log`` alone: the terminal gets it once, on stderr."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def agree_on_run_dir(cfg: DictConfig, out_dir: Path) -> Path:
@@ -91,12 +99,12 @@ def main(cfg: DictConfig) -> float:
         print("interrupted: SIGINT before training started; nothing was saved", file=sys.stderr)
         sys.exit(128 + signal.SIGINT)
     except Interrupted as stop:
-        log.warning("%s", stop)
+        log_to_file(logging.WARNING, str(stop))
         if distributed.world_from_env().main:  # the other ranks of a torchrun job stopped with it, quietly
             print(f"interrupted: {stop}", file=sys.stderr)
         sys.exit(INTERRUPTED)  # not 1: a stop to resume from, not a failure (ends a sweep too)
     except (DataError, CheckpointError, TrainingError, RunFolderError, ConfigKeyError, ValueError) as error:
-        log.error("error: %s", error)
+        log_to_file(logging.ERROR, f"error: {error}")
         if hydra_cfg.mode == RunMode.MULTIRUN:
             raise  # Hydra records the failed job and goes on with the sweep (exit code 1 at the end)
         print(f"error: {error}", file=sys.stderr)

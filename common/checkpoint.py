@@ -7,10 +7,11 @@ resuming (optimizer, step, epoch, RNG states, the resolved config). Training wri
 (``training/trainer.py``); translation reads them (``inference/model_loading.py``).
 """
 
+import io
 import pickle
 import re
 from pathlib import Path
-from typing import Any, Dict
+from typing import IO, Any, Dict
 
 import torch
 
@@ -23,12 +24,41 @@ class CheckpointError(Exception):
     """A checkpoint that is missing, unreadable or not one of ours; the message says which."""
 
 
+class _Writes(io.RawIOBase):
+    """A binary stream that keeps the first ``OSError`` of its writes (``error``): torch.save
+    reports a failed write (a full disk) as a ``RuntimeError`` of its own that does not say why."""
+
+    def __init__(self, stream: IO[bytes]):
+        self.stream, self.error = stream, None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        try:
+            return self.stream.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+
 def save_checkpoint(payload: Dict[str, Any], path: Path) -> None:
     """Write ``payload`` to ``path`` through a temporary file, fsync and a rename, so that a crash or
-    a full disk never leaves a half-written checkpoint in place of a good one."""
+    a full disk never leaves a half-written checkpoint in place of a good one. A write that fails
+    (a full disk, a lost mount) raises ``CheckpointError`` naming the file and the reason."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with AtomicFile(path, "wb") as out:
-        torch.save(dict(payload, format=FORMAT), out)
+    writes = None
+    try:
+        with AtomicFile(path, "wb") as out:
+            writes = _Writes(out)
+            torch.save(dict(payload, format=FORMAT), writes)
+    except (OSError, RuntimeError) as error:
+        cause = writes.error if writes is not None and writes.error is not None else error
+        if not isinstance(cause, OSError):
+            raise  # not a failed write: a bug, with its traceback
+        before = f"the previous {path.name} is intact" if path.is_file() else f"no {path.name} was written"
+        reason = cause.strerror or str(cause)
+        raise CheckpointError(f"cannot write checkpoint {path}: {reason}; {before}") from None
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:

@@ -1,29 +1,28 @@
 """Find and read parallel text: a local folder in the raw Multi30k layout, the user's own files,
-or a data set from the Hugging Face hub.
+or a data set from the Hugging Face hub (``data/hub.py``).
 
 A corpus is a dict ``split name -> source of (source, target) pairs``: ``train``, ``val`` and one
 entry per ``test_*`` split. A source streams its pairs (``pairs()``), so a training corpus larger
 than memory is read line by line, and says what it is made of (``fingerprint()``) without reading
-it: the token store (``data/store.py``) is keyed by it. Files are read by one reader,
-``FileSplit``, so every check holds for all of them; hub splits stream from the Arrow files that
-``datasets`` keeps. Bad input raises ``DataError`` with a one-line message that names the file(s)
-and says what to do.
+it: the token store (``data/store.py``) is keyed by it; ``fetch()`` gets it ready to read (a hub
+split downloads), so that a build fails before it starts. Files are read by one reader,
+``FileSplit``, and every UTF-8 line by one decoder, ``decode_stream``, so every check holds for all
+of them (and for ``translate.py``'s input). Bad input raises ``DataError`` with a one-line message
+that names the file(s) and says what to do.
 """
 
 import codecs
 import gzip
+import io
 import logging
 import os
 import re
-import socket
-import threading
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
-from urllib.parse import urlparse
+from typing import Any, BinaryIO, Dict, Iterable, Iterator, List, Tuple
 
-from data.config import DataConfig, FilePair, HubConfig
+from data.config import DataConfig, FilePair
 from data.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -37,27 +36,32 @@ _SPLIT_FILE = re.compile(r"^(?P<split>train|val|test\w*)\.(?P<lang>[A-Za-z_-]+?)
 # --- reading files ------------------------------------------------------------------------------
 
 
+def decode_stream(chunks: Iterable[bytes], name: str) -> Iterator[str]:
+    """Lines of UTF-8 text read line by line (``chunks``: each up to and including its ``b"\\n"``,
+    as a binary file iterates), without line ends or a leading BOM: the one decoder of every reader.
+    ``name`` says where the bytes come from (a path, "standard input"): bytes that are not UTF-8
+    raise ``DataError`` naming it and the line."""
+    for number, raw in enumerate(chunks, start=1):
+        if number == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+            if not raw:
+                return  # a BOM and nothing else: no text, no line
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(
+                f"{name} line {number}: invalid UTF-8 ({error.reason}); "
+                f"re-encode it as UTF-8, e.g. with iconv -t UTF-8"
+            ) from None
+        yield line.rstrip("\n").rstrip("\r")
+
+
 def decode_lines(raw: bytes, name: str) -> List[str]:
-    """UTF-8 bytes (a leading BOM dropped) -> lines without their line ends. ``name`` says where the
-    bytes come from (a path, "standard input"): bytes that are not UTF-8 raise ``DataError`` naming it
-    and the line."""
-    if raw.startswith(codecs.BOM_UTF8):
-        raw = raw[len(codecs.BOM_UTF8) :]
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        raise DataError(
-            f"{name} line {line}: invalid UTF-8 ({error.reason}); "
-            f"re-encode it as UTF-8, e.g. with iconv -t UTF-8"
-        ) from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final line end
-    return [line.rstrip("\r") for line in lines]
+    """UTF-8 bytes -> their lines (``decode_stream``), as a list."""
+    return list(decode_stream(io.BytesIO(raw), name))  # split at b"\n" only, as a file is read
 
 
-def open_binary(path: Path):
+def open_binary(path: Path) -> BinaryIO:
     """``path`` opened for reading bytes, through gzip when it ends in ``.gz``."""
     path = Path(path)
     if not path.is_file():
@@ -68,20 +72,12 @@ def open_binary(path: Path):
 def stream_lines(path: Path) -> Iterator[str]:
     """Lines of a UTF-8 text file, plain or gzip (by the ``.gz`` suffix), one at a time, without
     line ends or a leading BOM (the same lines as ``decode_lines`` of the whole file)."""
-    number = 0
+    number = 0  # lines read, for the message of a read error
     try:
         with open_binary(path) as stream:
-            for number, raw in enumerate(stream, start=1):
-                if number == 1 and raw.startswith(codecs.BOM_UTF8):
-                    raw = raw[len(codecs.BOM_UTF8) :]
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise DataError(
-                        f"{path} line {number}: invalid UTF-8 ({error.reason}); "
-                        f"re-encode it as UTF-8, e.g. with iconv -t UTF-8"
-                    ) from None
-                yield line.rstrip("\n").rstrip("\r")
+            for line in decode_stream(stream, os.fspath(path)):
+                number += 1
+                yield line
     except (OSError, EOFError, zlib.error) as error:  # gzip.BadGzipFile is an OSError
         where = f" after line {number}" if number else ""
         raise DataError(
@@ -130,6 +126,9 @@ class FileSplit:
             f"must be aligned line by line"
         )
 
+    def fetch(self) -> None:
+        """Nothing to get ready: files are read where they are."""
+
     def fingerprint(self) -> List[Any]:
         return [file_fingerprint(self.src), file_fingerprint(self.tgt)]
 
@@ -152,7 +151,7 @@ def split_files(root: Path) -> Dict[str, Dict[str, Path]]:
     return found
 
 
-Corpus = Dict[str, Any]  # split name -> FileSplit or HubSplit: anything with pairs() and fingerprint()
+Corpus = Dict[str, Any]  # split name -> FileSplit or hub.HubSplit: pairs(), fetch() and fingerprint()
 
 
 def folder_splits(root: Path, src: str, tgt: str) -> Dict[str, FileSplit]:
@@ -198,124 +197,6 @@ def own_splits(files: Dict[str, FilePair]) -> Dict[str, FileSplit]:
     return {split: FileSplit(Path(pair.src), Path(pair.tgt)) for split, pair in files.items()}
 
 
-def check_hub_reachable(timeout: float = 5.0) -> bool:
-    """Whether the hub (or the HTTPS proxy in use) accepts a connection within ``timeout`` seconds.
-
-    ``datasets`` itself retries for about 25 s before it gives up; this answers in seconds, name
-    lookup included (run in a thread, because ``getaddrinfo`` has no timeout of its own).
-    """
-    from huggingface_hub import constants
-
-    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
-    url = urlparse(proxy or constants.ENDPOINT)
-    address = (url.hostname, url.port or (80 if url.scheme == "http" else 443))
-    reachable = threading.Event()
-
-    def connect() -> None:
-        try:
-            socket.create_connection(address, timeout=timeout).close()
-            reachable.set()
-        except OSError:
-            pass
-
-    probe = threading.Thread(target=connect, daemon=True)
-    probe.start()
-    probe.join(timeout)
-    return reachable.is_set()
-
-
-def hub_offline() -> bool:
-    """The user asked the Hugging Face libraries to work from their cache only."""
-    return any(
-        os.environ.get(name, "").lower() in ("1", "true", "yes")
-        for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    )
-
-
-def hub_name(hub: HubConfig) -> str:
-    return f"{hub.path}" + (f" ({hub.name})" if hub.name else "")
-
-
-@dataclass
-class HubSplit:
-    """One split of a hub data set, streamed from the Arrow files that ``datasets`` downloads
-    once into ``cache_dir`` and memory-maps (no text files in between)."""
-
-    hub: HubConfig
-    split: str  # the hub's split name
-    src: str
-    tgt: str
-    cache_dir: Path
-    records: Any = field(default=None, repr=False)  # the datasets.Dataset, once loaded
-
-    def load(self) -> Any:
-        """The split's records, downloaded on first use; an unreachable hub is one line."""
-        if self.records is not None:
-            return self.records
-        where = hub_name(self.hub)
-        if not Path(self.hub.path).is_dir() and not hub_offline() and not check_hub_reachable():
-            raise DataError(
-                f"cannot reach the Hugging Face hub to download {where}; set data.root=DIR to a local "
-                f"folder of {{split}}.{{lang}}[.gz] files (the raw Multi30k layout)"
-            )
-        import datasets
-
-        log.info("loading split '%s' of %s (downloaded once into %s)", self.split, where, self.cache_dir)
-        try:
-            records = datasets.load_dataset(
-                self.hub.path, self.hub.name, split=self.split, cache_dir=str(self.cache_dir)
-            )
-        except Exception as error:  # network, missing data set or split: one line, with the way out
-            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise DataError(
-                f"could not load split '{self.split}' of {where} from the hub ({first_line}); "
-                f"check data.hub or set data.root=DIR to a local copy"
-            ) from None
-        for lang in (self.src, self.tgt):
-            _check_language(records[0] if len(records) else {}, self.hub.field, lang, where)
-        self.records = records
-        return records
-
-    def pairs(self) -> Iterator[Tuple[str, str]]:
-        field_name = self.hub.field
-        for columns in self.load().iter(batch_size=10_000):  # {column: [values]}, from the mapped Arrow
-            if field_name:
-                texts = columns[field_name]
-                src, tgt = [t[self.src] for t in texts], [t[self.tgt] for t in texts]
-            else:
-                src, tgt = columns[self.src], columns[self.tgt]
-            for pair in zip(src, tgt):
-                yield pair[0].replace("\n", " "), pair[1].replace("\n", " ")
-
-    def fingerprint(self) -> Dict[str, Any]:
-        """The data set, configuration, split and field: a hub data set is downloaded once and
-        never refreshed (delete the cache folder to download it again)."""
-        local = Path(self.hub.path)  # a data set in a local folder: its files tell changes apart
-        files = (
-            [file_fingerprint(path) for path in sorted(local.rglob("*")) if path.is_file()]
-            if local.is_dir()
-            else []
-        )
-        return {
-            "hub": self.hub.path,
-            "name": self.hub.name,
-            "split": self.split,
-            "field": self.hub.field,
-            "files": files,
-        }
-
-    def describe(self) -> str:
-        return f"hub {hub_name(self.hub)} split {self.split}"
-
-
-def _check_language(record: dict, field_name: Optional[str], lang: str, where: str) -> None:
-    texts = record.get(field_name, {}) if field_name else record
-    if lang not in texts:
-        raise DataError(
-            f"{where} has no language '{lang}' (found: {', '.join(texts) or 'none'}); set data.src/data.tgt to one of them"
-        )
-
-
 def corpus_splits(cfg: DataConfig) -> Corpus:
     """The splits the config names: ``files``, else ``root``, else the hub. Nothing is read yet."""
     if cfg.src == cfg.tgt:
@@ -325,11 +206,9 @@ def corpus_splits(cfg: DataConfig) -> Corpus:
     if cfg.root:
         return folder_splits(Path(cfg.root), cfg.src, cfg.tgt)
     if cfg.hub:
-        cache = Path(cfg.cache_dir) / "datasets" / "hf"
-        return {
-            ours: HubSplit(cfg.hub, theirs, cfg.src, cfg.tgt, cache)
-            for ours, theirs in cfg.hub.splits.items()
-        }
+        from data.hub import hub_splits  # imported here: data/hub.py reads files with this module
+
+        return hub_splits(cfg)
     raise DataError("the data config names no source: set data.root=DIR, data.files or data.hub")
 
 

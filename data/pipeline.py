@@ -1,7 +1,8 @@
 """From a data config to tokenized splits: the token store, built once, then mapped by every run.
 
 ``prepare_data(cfg)`` is the one call the trainer makes. It finds the corpus (``data/corpus.py``),
-and opens its token store (``data/store.py``) or builds it:
+and opens its token store (``data/store.py``) or builds it, once every split is ready to read (a
+hub split downloaded, ``data/hub.py``: an unreachable hub fails before the build is announced):
 
 1. stream the training text (the first ``train_limit`` pairs, those with an empty side dropped)
    to hash it for the SentencePiece cache, which counts it; train SentencePiece on a sample of it
@@ -100,6 +101,8 @@ def prepare_data(cfg: DataConfig) -> PreparedData:
     unread = () if cfg.sampling_alpha is not None else (f"{TRAIN}.src.text", f"{TRAIN}.tgt.text")
     store = open_store(folder, unread)
     if store is None:
+        for source in corpus.values():  # a hub split downloads here: no build is announced that cannot start
+            source.fetch()
         try:
             build_store(folder, corpus, cfg)
         except OSError as error:  # a full disk, a folder we may not write

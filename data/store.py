@@ -285,7 +285,7 @@ def open_store(folder: Path, skip_crc: Sequence[str] = ()) -> Optional[TokenStor
         store.check(skip_crc)
         return store
     except (StoreError, KeyError, TypeError, ValueError) as error:
-        log.warning("token store %s is damaged (%s): building it again", folder, error)
+        log.warning("token store %s is damaged (%s): removing it", folder, error)
         shutil.rmtree(folder, ignore_errors=True)
         return None
     except OSError as error:  # not damage (permissions, too many open files): keep the store

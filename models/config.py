@@ -3,11 +3,53 @@
 
 Plain dataclasses, no Hydra: a model can be built in a notebook from ``RNNConfig()`` or
 ``TransformerConfig(d_model=512)``. The training entry point registers them as Hydra schemas, so
-a typo or a wrong type in ``model.*`` fails when the config is composed.
+a typo or a wrong type in ``model.*`` fails when the config is composed. A value out of range fails
+when the config is built (``check_values``), in one line naming the key: before any data is read.
 """
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Union
+from typing import Any, Dict, Tuple, Union
+
+SIZES = (  # the keys that count something: at least 1
+    "embed_dim",
+    "hidden_size",
+    "encoder_layers",
+    "decoder_layers",
+    "attention_size",
+    "d_model",
+    "n_heads",
+    "ff_size",
+    "max_positions",
+)
+CHOICES = {"cell": ("gru", "lstm"), "norm": ("pre", "post"), "positions": ("sinusoidal", "learned")}
+RATES = ("dropout", "attention_dropout")  # probabilities of dropping: in [0, 1)
+
+
+def value_problem(cfg: Any) -> Tuple[str, str]:
+    """The first value of a model config out of its range, as (key, what is wrong); ("", "") if none."""
+    values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+    for key in SIZES:
+        if key in values and values[key] < 1:
+            return key, f"must be at least 1, got {values[key]}"
+    for key, allowed in CHOICES.items():
+        if key in values and values[key] not in allowed:
+            return key, f"must be {' or '.join(allowed)}, got {values[key]!r}"
+    for key in RATES:
+        if key in values and not 0.0 <= values[key] < 1.0:
+            return key, f"must be in [0, 1), got {values[key]}"
+    if "n_heads" in values and values["d_model"] % values["n_heads"]:
+        return "d_model", (
+            f"({values['d_model']}) must be divisible by model.n_heads ({values['n_heads']}): each head "
+            "takes d_model / n_heads dimensions"
+        )
+    return "", ""
+
+
+def check_values(cfg: Any) -> None:
+    """``ValueError`` naming the first key of ``cfg`` whose value is out of range (``value_problem``)."""
+    key, problem = value_problem(cfg)
+    if key:
+        raise ValueError(f"model.{key} {problem}")
 
 
 @dataclass
@@ -24,6 +66,9 @@ class RNNConfig:
     dropout: float = 0.2  # on embeddings, between layers and on the pre-output layer
     tie_output: bool = True  # output projection shares the target embedding
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary only)
+
+    def __post_init__(self) -> None:
+        check_values(self)
 
 
 @dataclass
@@ -43,6 +88,9 @@ class TransformerConfig:
     max_positions: int = 1024  # longest sequence learned positions cover
     tie_output: bool = True  # output projection shares the target embedding
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary only)
+
+    def __post_init__(self) -> None:
+        check_values(self)
 
 
 FAMILIES = {"rnn": RNNConfig, "transformer": TransformerConfig}  # model.name -> its config class

@@ -135,6 +135,14 @@ PREPARE_CASES = [
     ("unknown data key", ["+data.srcc=de"], ConfigKeyError, "unknown config key data.srcc"),
     ("unknown model key", ["+model.frobnicate=1"], ConfigKeyError, "unknown config key model.frobnicate"),
     ("out of range", ["trainer.keep_last=0"], ValueError, "trainer.keep_last must be at least 1, got 0"),
+    ("negative learning rate", ["trainer.lr=-1"], ValueError, "trainer.lr must be positive, got -1.0"),
+    ("model size zero", ["model.hidden_size=0"], ValueError, "model.hidden_size must be at least 1, got 0"),
+    (
+        "model checked before the data",  # a model typo surfaces at once, not after the data is prepared
+        ["model.dropout=1.5", "data.root={nothing}"],
+        ValueError,
+        "model.dropout must be in [0, 1), got 1.5",
+    ),
     ("data folder missing", ["data.root={nothing}"], DataError, "data folder {nothing} does not exist"),
     (
         "mismatched line counts",

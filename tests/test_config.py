@@ -143,6 +143,11 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
             "trainer.average_last must be at least 2 (checkpoints to average) or null, got 1",
         ),
         ("trainer.ema_decay=1.0", "trainer.ema_decay must be in (0, 1) or null, got 1.0"),
+        ("trainer.lr=-1", "trainer.lr must be positive, got -1.0"),
+        ("trainer.clip_grad_norm=0", "trainer.clip_grad_norm must be positive, got 0.0"),
+        ("trainer.warmup_steps=-5", "trainer.warmup_steps must be 0 or more, got -5"),
+        ("trainer.betas=[0.9,1.0]", "trainer.betas must be two numbers in [0, 1), got [0.9, 1.0]"),
+        ("trainer.optimizer=sgd", "trainer.optimizer must be adam or adamw, got 'sgd'"),
         (
             "trainer.schedule=step",
             "trainer.schedule must be one of inverse_sqrt, exponential, constant, linear, cosine, got 'step'",
@@ -152,6 +157,25 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
 def test_values_out_of_range_are_refused_naming_the_key(override, message):
     with pytest.raises(ValueError) as caught:
         trainer_config(compose_config(override).trainer)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.d_model=0", "model.d_model must be at least 1, got 0"),
+        ("model=rnn model.attention_size=-2", "model.attention_size must be at least 1, got -2"),
+        ("model.dropout=1.0", "model.dropout must be in [0, 1), got 1.0"),
+        (
+            "model.n_heads=3",
+            "model.d_model (256) must be divisible by model.n_heads (3): each head takes d_model / n_heads dimensions",
+        ),
+        ("model.norm=sideways", "model.norm must be pre or post, got 'sideways'"),
+    ],
+)
+def test_model_values_out_of_range_are_refused_naming_the_key(override, message):
+    with pytest.raises(ValueError) as caught:
+        model_config(compose_config(*override.split()).model)
     assert str(caught.value) == message
 
 

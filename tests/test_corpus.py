@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from data.config import DataConfig, FilePair, HubConfig
-from data.corpus import corpus_splits, eval_split_names, folder_splits, read_lines
+from data.corpus import corpus_splits, decode_lines, eval_split_names, folder_splits, read_lines
 from data.errors import DataError
 from data.pipeline import TrainText
 
@@ -87,6 +87,34 @@ def test_windows_line_ends_and_a_byte_order_mark_are_not_part_of_the_text(tmp_pa
     path = tmp_path / "a.en"
     path.write_bytes(b"\xef\xbb\xbfA dog.\r\nTwo cats.\r\n")
     assert read_lines(path) == ["A dog.", "Two cats."]
+
+
+def test_bytes_in_memory_and_in_files_decode_alike(tmp_path):
+    inputs = [
+        b"",
+        b"\xef\xbb\xbf",  # a BOM alone: no line
+        b"no final line end",
+        b"\xef\xbb\xbfA dog.\r\n\r\nTwo cats.",
+        "Ça va ?\nx\ry\n\n".encode(),  # a lone \r is no line end
+        b"fine\nbroken \xff here\n",
+        b"fine\ncut short \xc3\nmore\n",  # a sequence cut by the line end
+        b"fine\n\xe2\x82",  # cut by the end of the text
+    ]
+    for number, raw in enumerate(inputs):
+        path = tmp_path / f"{number}.txt"
+        path.write_bytes(raw)
+        try:
+            from_file = read_lines(path)
+        except DataError as error:
+            from_file = str(error)
+        try:
+            from_memory = decode_lines(raw, str(path))
+        except DataError as error:
+            from_memory = str(error)
+        assert from_memory == from_file, raw
+    assert read_lines(tmp_path / "1.txt") == [] and read_lines(tmp_path / "4.txt") == ["Ça va ?", "x\ry", ""]
+    with pytest.raises(DataError, match=r"6\.txt line 2: invalid UTF-8 \(invalid continuation byte\)"):
+        read_lines(tmp_path / "6.txt")
 
 
 def test_plain_text_wins_over_gzip_of_the_same_split(tmp_path):

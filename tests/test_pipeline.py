@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
@@ -54,6 +56,39 @@ def test_empty_training_split_is_an_error(tmp_path):
     cfg = data_config({"root": str(root), "src": "xx", "tgt": "yy", "cache_dir": str(tmp_path / "c")})
     with pytest.raises(DataError, match="holds no non-empty pair"):
         prepare_data(cfg)
+
+
+def hub_config(tmp_path, path, splits=None):
+    hub = {"path": str(path), "field": "translation"}
+    if splits:
+        hub["splits"] = splits
+    return data_config({"hub": hub, "cache_dir": str(tmp_path / "cache")})
+
+
+def test_an_unreachable_hub_fails_before_a_build_is_announced(tmp_path, monkeypatch, caplog):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", "https://hub.invalid")  # unreachable anywhere
+    for name in ("HTTPS_PROXY", "https_proxy", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    with caplog.at_level(logging.INFO), pytest.raises(DataError, match="cannot reach the Hugging Face hub"):
+        prepare_data(hub_config(tmp_path, "bentrevett/multi30k"))
+    assert "building the token store" not in caplog.text
+    assert not (tmp_path / "cache" / "store").exists()
+
+
+def test_a_missing_hub_split_fails_before_a_build_is_announced(tmp_path, caplog):
+    import datasets
+
+    hub = tmp_path / "hub"  # a data set in a local folder: load_dataset reads it as from the hub
+    hub.mkdir()
+    records = {"translation": [{"de": f"Satz {i}", "en": f"sentence {i}"} for i in range(20)]}
+    for split in ("train", "validation"):
+        datasets.Dataset.from_dict(records).to_parquet(str(hub / f"{split}.parquet"))
+    cfg = hub_config(tmp_path, hub, {"train": "train", "val": "validation", "test_x": "nope"})
+    with caplog.at_level(logging.INFO), pytest.raises(DataError, match="could not load split 'nope'"):
+        prepare_data(cfg)
+    assert "loading split 'train'" in caplog.text and "building the token store" not in caplog.text
 
 
 def compose_data(overrides):

@@ -144,7 +144,7 @@ def test_a_damaged_store_is_built_again_not_used(corpus, tmp_path, caplog, damag
         (folder / MANIFEST).write_text('{"format": 1}')  # JSON, but not a manifest
     with caplog.at_level(logging.WARNING, logger="data.store"):
         again = prepare_data(cfg)
-    assert "is damaged" in caplog.text and "building it again" in caplog.text
+    assert "is damaged" in caplog.text and "removing it" in caplog.text
     assert same_data(first, snapshot(again)) and "encode" in again.stats["seconds"]
 
 

@@ -6,15 +6,17 @@ wrong type then fails when the config is composed, naming the key.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from common.settings import NOT_SETTINGS, check_keys
-from data.config import DataConfig
+from data.config import DataConfig, data_config
 from models.config import RNNConfig, TransformerConfig, config_from_dict
 from training.schedule import FITTED, SCHEDULES
+
+OPTIMIZERS = ("adam", "adamw")  # training/step.py make_optimizer
 
 
 @dataclass
@@ -107,6 +109,12 @@ def register_configs() -> None:
     store.store(group="trainer", name="trainer_schema", node=TrainerConfig)
 
 
+def checked_config(cfg: DictConfig) -> Tuple[DataConfig, Any, "TrainerConfig"]:
+    """The ``data``, ``model`` and ``trainer`` nodes as their dataclasses, every value checked: the
+    whole config is refused (one line naming the key) before any data is read or prepared."""
+    return data_config(cfg.data), model_config(cfg.model), trainer_config(cfg.trainer)
+
+
 def model_config(node: DictConfig):
     """The ``model`` node as its dataclass (``RNNConfig`` or ``TransformerConfig``)."""
     obj = OmegaConf.to_object(node)
@@ -139,10 +147,23 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         "max_steps": tc.max_steps,
         "num_threads": tc.num_threads,
         "schedule_steps": tc.schedule_steps,
+        "decay_steps": tc.decay_steps,
+        "eval_batch_tokens": tc.eval_batch_tokens,
     }
     for key, value in at_least_one.items():
         if value is not None and value < 1:
             raise ValueError(f"trainer.{key} must be at least 1, got {value}")
+    positive = {"lr": tc.lr, "decay_rate": tc.decay_rate, "clip_grad_norm": tc.clip_grad_norm}
+    for key, value in positive.items():
+        if value is not None and not value > 0:
+            raise ValueError(f"trainer.{key} must be positive, got {value}")
+    for key in ("min_lr", "weight_decay", "warmup_steps", "length_penalty"):
+        if getattr(tc, key) < 0:
+            raise ValueError(f"trainer.{key} must be 0 or more, got {getattr(tc, key)}")
+    if len(tc.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in tc.betas):
+        raise ValueError(f"trainer.betas must be two numbers in [0, 1), got {list(tc.betas)}")
+    if tc.optimizer not in OPTIMIZERS:
+        raise ValueError(f"trainer.optimizer must be {' or '.join(OPTIMIZERS)}, got {tc.optimizer!r}")
     if tc.schedule not in SCHEDULES:
         raise ValueError(f"trainer.schedule must be one of {', '.join(SCHEDULES)}, got {tc.schedule!r}")
     if tc.average_last is not None and tc.average_last < 2:

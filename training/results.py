@@ -19,6 +19,7 @@ from inference.decoding import translate_split
 from training.averaging import average_checkpoints, last_checkpoints
 from training.board import Board
 from training.progress import Progress
+from training.run_folder import resume_command
 from training.stopping import Interrupted, StopRequest
 from training.validation import corpus_scores, signatures
 
@@ -159,7 +160,7 @@ def decode_tests(
             raise Interrupted(
                 f"{stop.name}: stopped before decoding test split {split}; training is finished "
                 f"({out_dir / 'checkpoints' / 'last.pt'}, step {step}); decode the test splits with: "
-                f"python train.py trainer.resume=auto hydra.run.dir={out_dir} (and the same overrides)",
+                + resume_command(out_dir),
                 stop.signum,
             )
         results[split] = decode_test_split(

@@ -50,6 +50,11 @@ def check_run_folder(out_dir: Path, resume: Optional[str]) -> None:
     )
 
 
+def resume_command(out_dir: Path) -> str:
+    """The command that continues the run in ``out_dir`` from its ``last.pt``."""
+    return f"python train.py trainer.resume=auto hydra.run.dir={out_dir} (and the same overrides)"
+
+
 def resume_path(out_dir: Path, resume: Optional[str]) -> Optional[Path]:
     """The checkpoint ``trainer.resume`` names: none, this run folder's ``last.pt``, or a path."""
     if resume is None:

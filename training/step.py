@@ -48,9 +48,7 @@ def label_smoothed_nll(
 
 
 def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer:
-    kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-    if tc.optimizer not in kinds:
-        raise ValueError(f"trainer.optimizer must be adam or adamw, got {tc.optimizer!r}")
+    kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}  # training/config.py OPTIMIZERS
     return kinds[tc.optimizer](
         model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay
     )

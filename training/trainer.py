@@ -26,7 +26,7 @@ from torch import nn
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.device import autocast_for, pick_device, precision_name, set_tf32, set_threads
 from data.batching import Batch, TokenBucketSampler, collate
-from data.config import DataConfig, data_config
+from data.config import DataConfig
 from data.corpus import TRAIN
 from data.loading import collated
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
@@ -37,7 +37,7 @@ from models.build import ModelConfig, build_model, count_parameters
 from training import distributed
 from training.averaging import ExponentialAverage, keep_recent
 from training.board import Board, NullBoard
-from training.config import model_config, trainer_config
+from training.config import checked_config
 from training.progress import LogWindow, Progress, StepStats, describe_setup, log_window
 from training.resume import (
     adopt_best,
@@ -47,7 +47,7 @@ from training.resume import (
     rng_states,
     to_cpu,
 )
-from training.run_folder import resume_path, unlock_run_folder
+from training.run_folder import resume_command, resume_path, unlock_run_folder
 from training.schedule import Schedule
 from training.step import count_skipped, make_optimizer, train_step
 from training.stopping import Interrupted, StopRequest, agree, stop_reason, total_steps
@@ -89,17 +89,16 @@ class Trainer:
     """A run's data, model, optimizer and progress, and the loop that trains them (``fit``)."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
-        self.cfg, self.out_dir, self.tc = cfg, Path(out_dir), trainer_config(cfg.trainer)
+        self.cfg, self.out_dir = cfg, Path(out_dir)
+        data_cfg, self.model_cfg, self.tc = checked_config(cfg)  # every value, before the data
         self.world = distributed.world_from_env()
         self.device = pick_device(cfg.device, self.world.local_rank, self.world.local_world_size)
         set_threads(self.device, self.tc.num_threads)
         distributed.init(self.world, self.device)
         seed_everything(cfg.seed)  # the same initial weights on every rank (DDP checks that they agree)
         # rank 0 trains and caches the tokenizer; the others then read it
-        data_cfg = data_config(cfg.data)
         with distributed.main_first(self.world):
             self.data: PreparedData = prepare_data(data_cfg)
-        self.model_cfg = model_config(cfg.model)
         self.model = model_for(self.model_cfg, self.data.tokenizer).to(self.device)
         self.params = count_parameters(self.model)
         self.optimizer = make_optimizer(self.model, self.tc)
@@ -282,11 +281,11 @@ class Trainer:
         p.train_seconds = self.seconds()
         self.board.flush()
         payload = self.checkpoint(self.rank_rngs())  # the generators as they are after validating
-        save_checkpoint(payload, self.ckpt_dir / "last.pt")
+        self.save(payload, "last.pt")
         if improved:
-            save_checkpoint(payload, self.ckpt_dir / "best.pt")
+            self.save(payload, "best.pt")
         if self.ema is not None:
-            save_checkpoint(self.weights_checkpoint(self.ema.state_dict()), self.ckpt_dir / "ema.pt")
+            self.save(self.weights_checkpoint(self.ema.state_dict()), "ema.pt")
         keep = max(self.tc.keep_last or 0, self.tc.average_last or 0)
         if keep:
             keep_recent(self.ckpt_dir, p.step, keep)
@@ -328,8 +327,21 @@ class Trainer:
         path = self.ckpt_dir / "last.pt"
         rngs = self.rank_rngs()  # every rank calls save_last at the same step
         if self.world.main:
-            save_checkpoint(self.checkpoint(rngs), path)
+            self.save(self.checkpoint(rngs), path.name)
         return path
+
+    def save(self, payload: Dict[str, Any], name: str) -> None:
+        """Write ``checkpoints/<name>``; a write that fails (a full disk) stops the run in one line
+        that says what to do (the checkpoint it was to replace is intact)."""
+        try:
+            save_checkpoint(payload, self.ckpt_dir / name)
+        except CheckpointError as error:
+            then = (
+                f"continue with: {resume_command(self.out_dir)}"
+                if (self.ckpt_dir / "last.pt").is_file()
+                else "start the run again"
+            )
+            raise TrainingError(f"{error}; free space (or fix the folder), then {then}") from None
 
     # ----- run machinery a reader may skip: resume, signals and ranks, the board -----
     def resume(self) -> bool:
@@ -382,8 +394,7 @@ class Trainer:
         self.board.flush()
         raise Interrupted(
             f"{self.stop.name}: stopped at step {p.step} (epoch {p.epoch + 1}, batch {p.batches_done}), saved "
-            f"{path}; resume with: python train.py trainer.resume=auto hydra.run.dir={self.out_dir} "
-            "(and the same overrides)",
+            f"{path}; resume with: {resume_command(self.out_dir)}",
             self.stop.signum,
         )
 
