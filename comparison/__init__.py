@@ -1,7 +1,7 @@
 """Comparing finished training runs, the library behind ``scripts/compare.py``:
 
 - runs.py: which runs there are (finding and reading run folders) and how they group by seed;
-- statistics.py: mean and spread, Student's t, Welch's t-test, the exact permutation test;
+- statistics.py: mean and spread, Welch's t-test and the permutation test (scipy.stats);
 - significance.py: the paired bootstrap of runs, and the comparison of groups of seeds;
 - curves.py: validation curves from TensorBoard events, their values and their mean over seeds;
 - budgets.py: validation BLEU at equal training time and at equal epochs;
@@ -11,6 +11,6 @@
 - formats.py: how the report writes its numbers;
 - report.py: the Markdown report.
 
-Nothing here imports torch: the command starts quickly (matplotlib, sacrebleu, TensorBoard and
-omegaconf are imported where they are used).
+Nothing here imports torch: the command starts quickly (matplotlib, sacrebleu, scipy, TensorBoard
+and omegaconf are imported where they are used).
 """

@@ -1,6 +1,7 @@
 """Data: parallel text in, padded tensor batches out.
 
-corpus.py     find and stream parallel text (local folder, own files, Hugging Face hub)
+corpus.py     find and stream parallel text in local folders and files; the one UTF-8 line decoder
+hub.py        a Hugging Face hub data set's splits, and the probe of the hub
 tokenizer.py  SentencePiece training, caching, encoding, decoding; the special ids
 sampling.py   subword regularization: a new segmentation per epoch
 encoding.py   text to ids on every core, in chunks
