@@ -1,10 +1,9 @@
 """Validation curves: each run's validation BLEU against training minutes and against epochs, read
 from its TensorBoard events, the value of a curve at any point (interpolated, never extrapolated),
-and the mean, lowest and highest of several runs' curves.
+and the mean, lowest and highest of several runs' curves where every run has data.
 """
 
 import bisect
-import math
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -80,31 +79,25 @@ def value_at(points: Points, x: float) -> Optional[float]:
 
 
 def mean_curve(points: Sequence[Points]) -> Tuple[List[float], List[float], List[float], List[float]]:
-    """``(x, mean, lowest, highest)`` over the runs' curves, each over the runs that reached x.
+    """``(x, mean, lowest, highest)`` over the runs' curves, on the span every run has data for: from
+    the latest first evaluation to the earliest last one (empty lists when the runs share none).
 
-    The grid is every evaluation of any run; between two neighbours the runs that span the whole
-    interval are linear, so their mean is drawn exactly by its two ends (the lowest and highest
-    only approximately: where two runs cross inside an interval the band is a little narrow). Where
-    a run starts or stops, the curve jumps (two points at one x); an interval no run spans is a gap
-    (NaN). One x in all: its point.
+    Outside that span a mean would be over fewer runs, and it would jump where a run starts or
+    stops (a weak seed ending early lifts the mean at once). Inside it the grid is every evaluation
+    of any run; between two neighbours every run is linear, so the mean is drawn exactly by its two
+    ends (the lowest and highest only approximately: where two runs cross inside an interval the
+    band is a little narrow). A span of one x: its point.
     """
+    start, end = max(xs[0] for xs, _ in points), min(xs[-1] for xs, _ in points)
+    if start > end + EPS:
+        return [], [], [], []
     grid: List[float] = []
-    for x in sorted({x for xs, _ in points for x in xs}):
+    for x in sorted({start, end, *(x for xs, _ in points for x in xs if start <= x <= end)}):
         if not grid or x - grid[-1] > EPS:
             grid.append(x)
-    if len(grid) == 1:
-        values = [p[1][-1] for p in points]
-        return grid, [statistics.fmean(values)], [min(values)], [max(values)]
-    rows: List[Tuple[float, float, float, float]] = []
-    for left, right in zip(grid, grid[1:]):
-        spanning = [p for p in points if p[0][0] <= left + EPS and p[0][-1] >= right - EPS]
-        if not spanning:
-            rows.append((math.nan,) * 4)
-            continue
-        for x in (left, right):
-            values = [value_at(p, x) for p in spanning]
-            row = (x, statistics.fmean(values), min(values), max(values))
-            if not rows or rows[-1] != row:
-                rows.append(row)
+    rows = []
+    for x in grid:
+        values = [value_at(p, x) for p in points]
+        rows.append((x, statistics.fmean(values), min(values), max(values)))
     xs, means, lows, highs = (list(column) for column in zip(*rows))
     return xs, means, lows, highs

@@ -12,8 +12,9 @@ from comparison.runs import Run, group_labels
 
 def figure(groups: Sequence[List[Run]], curves: Dict[Path, Optional[Curves]]):
     """The figure of ``comparison.png``: validation BLEU against training minutes and against
-    epochs; per group the mean over its seeds (``mean_curve``) with a band from the lowest to the
-    highest and each seed's evaluations as dots, a group of one run as its curve."""
+    epochs; per group the mean over its seeds (``mean_curve``: only where every seed has data) with
+    a band from the lowest to the highest and each seed's evaluations as dots, a group of one run as
+    its curve."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,11 +34,15 @@ def figure(groups: Sequence[List[Run]], curves: Dict[Path, Optional[Curves]]):
                 ax.plot(*points[0], color=color, marker="o", markersize=3, label=f"{label} (one run)")
                 continue
             xs, means, lows, highs = mean_curve(points)
-            ax.plot(xs, means, color=color, label=f"{label} (mean of {len(points)} seeds)")
-            ax.fill_between(xs, lows, highs, color=color, alpha=0.2, linewidth=0)
-            banded = True
-            every = [(x, y) for p in points for x, y in zip(*p)]  # each seed's evaluations, unlabelled
-            ax.plot(*zip(*every), color=color, linestyle="none", marker="o", markersize=2.5, alpha=0.6)
+            if xs:  # the span every seed has data for (one x: a point)
+                mean = f"{label} (mean of {len(points)} seeds)"
+                ax.plot(xs, means, color=color, marker="o" if len(xs) == 1 else None, label=mean)
+                ax.fill_between(xs, lows, highs, color=color, alpha=0.2, linewidth=0)
+                banded = True
+            # each seed's evaluations, in the legend only when there is no mean
+            alone = None if xs else f"{label} ({len(points)} seeds, no span they all reached)"
+            every = [(x, y) for p in points for x, y in zip(*p)]
+            ax.plot(*zip(*every), "o", color=color, markersize=2.5, alpha=0.6, label=alone)  # no line
     panels[0].set_xlabel("training time (minutes, evaluations included)", fontsize=11)
     panels[1].set_xlabel("epochs", fontsize=11)
     for ax in panels:
@@ -46,7 +51,11 @@ def figure(groups: Sequence[List[Run]], curves: Dict[Path, Optional[Curves]]):
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=10, loc="lower right")
-    bands = ": mean over seeds, band from the lowest to the highest seed" if banded else ""
+    bands = (
+        ": mean over seeds and band from the lowest to the highest seed where every seed has data"
+        if banded
+        else ""
+    )
     fig.suptitle(f"Validation BLEU{bands}", fontsize=12)
     fig.tight_layout()
     return fig

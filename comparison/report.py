@@ -1,5 +1,6 @@
 """The Markdown report of ``scripts/compare.py``: the runs' table, the sacrebleu signatures, the
-significance sections, the seeds' table and the sections at equal budgets, in that order.
+significance sections, the seeds' table, the grid of architecture and attention (when the runs
+cross them) and the sections at equal budgets, in that order.
 """
 
 import json
@@ -9,6 +10,7 @@ from typing import Dict, List, Optional, Sequence
 from comparison.budgets import budget_sections
 from comparison.curves import Curves
 from comparison.formats import format_mean_std, format_minutes, format_score
+from comparison.grid import grid_section
 from comparison.runs import Run, group_labels, groups_of, test_splits
 from comparison.significance import across_seeds_section, paired_bootstrap, significance_table
 
@@ -117,6 +119,7 @@ def report(
         lines += [""] + seeds_table(groups, splits)
     for split in splits:
         lines += across_seeds_section(groups, split, samples)
+    lines += grid_section(groups, splits)
     if curves is not None:
         lines += budget_sections(groups, curves, minutes_step)
     return "\n".join(lines) + "\n"

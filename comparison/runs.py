@@ -186,3 +186,8 @@ def seed_pairs(base: Sequence[Run], other: Sequence[Run]) -> List[Tuple[Any, Run
 def score_of(run: Run, split: str, key: str) -> Optional[float]:
     """The run's ``key`` score (bleu, chrf) on test ``split``, None when it has none."""
     return run.results["test"].get(split, {}).get(key)
+
+
+def seed_scores(runs: Sequence[Run], split: str, key: str) -> List[float]:
+    """The ``key`` score on test ``split`` of each run that has one: a group's per-seed scores."""
+    return [v for v in (score_of(run, split, key) for run in runs) if v is not None]

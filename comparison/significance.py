@@ -8,13 +8,13 @@ import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from comparison.formats import format_mean_std, format_p, format_score, format_seeds
-from comparison.runs import CompareError, Run, group_labels, score_of, seed_pairs
+from comparison.runs import CompareError, Run, group_labels, score_of, seed_pairs, seed_scores
 from comparison.statistics import (
     SIGNIFICANT,
+    SeedTests,
     exact_permutations,
-    permutation_test,
+    seed_tests,
     smallest_permutation_p,
-    welch_t_test,
 )
 from data.corpus import read_lines
 
@@ -177,29 +177,47 @@ def across_seeds(
         if pairs:
             table, found = seed_pair_rows(pairs, tests, split, metric, key, labels)
             lines += table + [""]
-        a = [v for v in (score_of(r, split, key) for r in base) if v is not None]
-        b = [v for v in (score_of(r, split, key) for r in group) if v is not None]
-        if len(a) < 2 or len(b) < 2:
-            lines.append(
-                f"Across seeds: fewer than 2 seeds with a {metric} score on {split} in a group: no test."
-            )
+        a, b = seed_scores(base, split, key), seed_scores(group, split, key)
+        across, sentence = seeds_verdict(labels, metric, split, a, b, found)
+        if across is None:
+            lines.append(f"Across seeds: {sentence}")
             continue
-        t, df, welch_p = welch_t_test(a, b)
-        permutation_p, splits = permutation_test(a, b)
-        welch = (
-            "undefined (the scores vary in neither group)"
-            if math.isnan(t)
-            else f"t = {t:.2f}, df = {df:.1f}, p = {format_p(welch_p)}"
-        )
-        lines.append(
-            f"Across seeds: {labels[0]} {format_mean_std(a)} ({len(a)} seeds), {labels[1]} "
-            f"{format_mean_std(b)} ({len(b)} seeds). Welch's t-test: {welch}. Permutation test: "
-            f"p = {format_p(permutation_p)} over {'all' if exact_permutations(len(a), len(b)) else 'a sample of'} "
-            f"{splits} splits of the {len(a) + len(b)} scores into "
-            f"{len(a)} + {len(b)} (the smallest p it can give: {smallest_permutation_p(len(a), len(b)):.3f})."
-        )
-        lines += ["", verdict(labels, metric, a, b, welch_p, permutation_p, found)]
+        lines += [tests_line(labels, a, b, across), "", sentence]
     return lines
+
+
+def seeds_verdict(
+    labels: Tuple[str, str],
+    metric: str,
+    split: str,
+    a: Sequence[float],
+    b: Sequence[float],
+    pairs: Sequence[Tuple[float, Optional[float]]] = (),
+) -> Tuple[Optional[SeedTests], str]:
+    """The tests across seeds of the per-seed scores ``a`` and ``b`` on ``split``, and ``verdict``'s
+    sentence on them (``pairs``: the seed pairs' differences and bootstrap p); ``(None, why not)``
+    when a group has fewer than 2 scores."""
+    if len(a) < 2 or len(b) < 2:
+        return None, f"fewer than 2 seeds with a {metric} score on {split} in a group: no test."
+    tests = seed_tests(a, b)
+    return tests, verdict(labels, metric, a, b, tests.welch_p, tests.permutation_p, pairs)
+
+
+def tests_line(labels: Tuple[str, str], a: Sequence[float], b: Sequence[float], tests: SeedTests) -> str:
+    """``Across seeds: ...``: each group's mean ± std and both tests in full."""
+    welch = (
+        "undefined (the scores vary in neither group)"
+        if math.isnan(tests.t)
+        else f"t = {tests.t:.2f}, df = {tests.df:.1f}, p = {format_p(tests.welch_p)}"
+    )
+    every = "all" if exact_permutations(len(a), len(b)) else "a sample of"
+    return (
+        f"Across seeds: {labels[0]} {format_mean_std(a)} ({len(a)} seeds), {labels[1]} "
+        f"{format_mean_std(b)} ({len(b)} seeds). Welch's t-test: {welch}. Permutation test: "
+        f"p = {format_p(tests.permutation_p)} over {every} {tests.splits} splits of the {len(a) + len(b)} "
+        f"scores into {len(a)} + {len(b)} (the smallest p it can give: "
+        f"{smallest_permutation_p(len(a), len(b)):.3f})."
+    )
 
 
 def across_seeds_section(groups: Sequence[List[Run]], split: str, samples: int) -> List[str]:

@@ -7,7 +7,7 @@ deviation, Welch's t-test and the permutation test of a difference of means, bot
 import math
 import statistics
 import warnings
-from typing import Sequence, Tuple
+from typing import NamedTuple, Sequence, Tuple
 
 EPS = 1e-9  # values this close are equal (budgets and evaluations at the same point, a split's difference)
 DECIMALS = 9  # a split's |difference of means| is rounded to this many decimals (EPS) before comparing
@@ -75,3 +75,18 @@ def smallest_permutation_p(n_a: int, n_b: int) -> float:
     if not exact_permutations(n_a, n_b):
         return 1 / (SPLITS + 1)
     return (2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a)
+
+
+class SeedTests(NamedTuple):
+    """Both tests of the difference of means of two groups of per-seed scores."""
+
+    t: float  # Welch's t, its degrees of freedom and two-sided p (NaN: undefined)
+    df: float
+    welch_p: float
+    permutation_p: float
+    splits: int  # the permutation test's number of splits
+
+
+def seed_tests(a: Sequence[float], b: Sequence[float]) -> SeedTests:
+    """``welch_t_test`` and ``permutation_test`` of mean(b) - mean(a) (2 or more values a side)."""
+    return SeedTests(*welch_t_test(a, b), *permutation_test(a, b))

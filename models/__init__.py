@@ -13,7 +13,7 @@ Shapes in docstrings and comments, here and in ``inference/``, ``data/batching.p
   new ones;
 - ``D`` model size: the Transformer's ``d_model``, the RNN's ``hidden_size`` (its bidirectional
   encoder's states are ``2D``); ``E`` embedding size (the RNN's ``embed_dim``; the Transformer's is ``D``);
-- ``H`` attention heads (1 for the RNN's additive attention), ``L`` layers, ``V`` vocabulary
+- ``H`` attention heads (1 for the RNN's attention but ``multihead``), ``L`` layers, ``V`` vocabulary
   (``V_src``, ``V_tgt`` when they differ), ``K`` beam size;
 - ``M`` the target tokens that count in a loss (the non-padding positions of a batch);
 - ``P`` subword pieces and ``W`` words of one sentence (``W_src``, ``W_tgt``), in alignments;

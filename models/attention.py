@@ -1,4 +1,4 @@
-"""Attention: additive (Bahdanau), scaled dot-product and multi-head.
+"""Attention: one recipe, five score functions, one interface.
 
 Every attention here follows one recipe. A query ``q`` is scored against every key ``k_i`` with a
 score function ``a(q, k_i)``; a softmax over the keys turns the scores into weights; the output is
@@ -6,23 +6,44 @@ the weighted sum of the values::
 
     weights_i = softmax_i(a(q, k_i))        output = sum_i weights_i * v_i
 
-The two families differ only in ``a``:
+The functions differ only in ``a`` and in how many heads run it:
 
-- additive (Bahdanau et al. 2015, appendix A.1.2): ``a(q, k) = w_v^T tanh(W_q q + W_k k)``, a small
-  feed-forward net with hidden size ``d_a``; query and key sizes may differ. The RNN decoder uses it.
-- scaled dot-product (Vaswani et al. 2017, section 3.2.1): ``a(q, k) = q . k / sqrt(d_k)``, for all
-  queries at once ``softmax(Q K^T / sqrt(d_k)) V``. Multi-head attention (section 3.2.2) runs it in
-  ``H`` subspaces of size ``d_k = D / H`` and mixes the heads with ``W_O``. The Transformer uses it.
+===================  =================================  ====================================  ==============
+class                score ``a(q, k)``                  parameters                            scores held
+===================  =================================  ====================================  ==============
+AdditiveAttention    ``w_v^T tanh(W_q q + W_k k)``      ``W_q, W_k`` (``D_in x d_a``), ``w_v``  ``(T, S, d_a)``
+GeneralAttention     ``q^T W k``                        ``W`` (``D_query x D_key``)             ``(T, S)``
+ScaledDotAttention   ``(W_q q)^T (W_k k) / sqrt(d_k)``  ``W_q, W_k`` (``D_in x d_k``)           ``(T, S)``
+MultiHeadAttention   H heads of scaled dot, ``W_O``     ``W_Q, W_K, W_V, W_O``                 ``(H, T, S)``
+MultiHeadAdditive..  H heads of additive, ``W_O``       those and ``w_v`` per head            ``(H, T, S, d_k)``
+===================  =================================  ====================================  ==============
 
-Shapes follow ``models/__init__.py``: ``T`` queries, ``S`` keys; ``D_query``, ``D_key``, ``D_value``
-are the sizes of additive attention's inputs.
+The first three are single-head and return a weighted sum of the values as they are (the RNN's
+encoder states: Bahdanau's data flow); the multi-head ones project the values into ``H`` heads and
+mix the heads with ``W_O`` (Vaswani et al. 2017, section 3.2.2). Time grows as ``T S`` times the
+work per (query, key) pair: ``d_a`` for additive (a tanh per hidden unit), ``d_k`` for a dot
+product; memory as the scores held for the backward pass, which is where additive attention pays:
+its ``tanh`` layer materialises a ``(T, S, d_a)`` tensor per head where a dot product has ``(T, S)``.
 
-Masks are boolean, ``True`` = may attend (see ``models/masks.py``). A masked key gets exactly zero
-weight. A query whose keys are *all* masked (a padded query row, or an empty source) gets zero
-weights and a zero output instead of ``softmax([-inf, ..., -inf]) = NaN``, with finite gradients.
-``causal=True`` asks for the lower triangle of ``masks.causal_mask`` without a mask tensor, so that
-the fused path can pass ``is_causal`` to the kernel (CUDA's flash-attention kernel takes no
-``attn_mask``); it is defined only for as many queries as keys (a full pass, no cache).
+Every class has the same interface, so a decoder or layer does not change with the choice:
+
+- ``project_kv(key, value)``: what does not depend on the query, per-head keys ``(B, H, S, d_k)``
+  (or ``d_a``) and values ``(B, H, S, d_v)``; a decoder computes it once per sentence and caches it;
+- ``attend(query, k, v, mask, need_weights, causal)``: output ``(B, T, D_out)`` and weights
+  ``(B, H, T, S)`` (None when not asked for, where the fused kernel can skip them);
+- ``forward(query, key, value, ...)`` is exactly ``attend(query, *project_kv(key, value), ...)``.
+
+Shapes follow ``models/__init__.py``: ``T`` queries, ``S`` keys; ``D_query``, ``D_key`` the sizes of
+a single-head attention's inputs (in the RNN ``D`` and ``2D``).
+
+Masks are boolean, ``True`` = may attend (see ``models/masks.py``), broadcastable to
+``(B, H, T, S)``: ``(T, S)`` causal, ``(B, 1, 1, S)`` padding, ``(B, 1, T, S)`` both combined. A
+masked key gets exactly zero weight. A query whose keys are *all* masked (a padded query row, or an
+empty source) gets zero weights and a zero output instead of ``softmax([-inf, ..., -inf]) = NaN``,
+with finite gradients. ``causal=True`` asks for the lower triangle of ``masks.causal_mask`` without
+a mask tensor, so that the fused path can pass ``is_causal`` to the kernel (CUDA's flash-attention
+kernel takes no ``attn_mask``); it is defined only for as many queries as keys (a full pass, no
+cache). These guards are written once, after the classes.
 
 Weights are returned, never stored on the module, and are the softmax output *before* attention
 dropout (dropout is a training-time perturbation; the returned rows sum to 1).
@@ -38,6 +59,303 @@ from torch import Tensor, nn
 from models.masks import causal_mask, combine_masks
 
 
+# ----- the score functions -----
+def additive_scores(q: Tensor, k: Tensor, w_v: Tensor) -> Tensor:
+    """``w_v^T tanh(q + k)`` for every (query, key) pair of already projected ``q = W_q q``, ``k = W_k k``.
+
+    Shapes: q ``(B, H, T, d_a)``, k ``(B, H, S, d_a)``, w_v ``(H, d_a)``. Returns ``(B, H, T, S)``.
+    The ``tanh`` layer is the ``(B, H, T, S, d_a)`` tensor that additive attention materialises.
+    """
+    hidden = torch.tanh(q.unsqueeze(3) + k.unsqueeze(2))  # (B, H, T, S, d_a)
+    if w_v.size(0) == 1:  # one head: a plain linear map of the hidden units (nn.Linear's kernel)
+        return F.linear(hidden, w_v).squeeze(-1)  # (B, 1, T, S)
+    return torch.einsum("bhtsa,ha->bhts", hidden, w_v)  # (B, H, T, S)
+
+
+def dot_scores(q: Tensor, k: Tensor, scale: float = 1.0) -> Tensor:
+    """``scale * q^T k`` for every (query, key) pair: q ``(B, H, T, d_k)``, k ``(B, H, S, d_k)`` ->
+    ``(B, H, T, S)``. Scaling ``q`` (``T d_k`` products) is cheaper than scaling the scores."""
+    if scale != 1.0:
+        q = q * scale  # (B, H, T, d_k)
+    return torch.matmul(q, k.transpose(-2, -1))  # (B, H, T, S)
+
+
+def scaled_dot_product_explicit(
+    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0
+) -> Tuple[Tensor, Tensor]:
+    """``softmax(Q K^T / sqrt(d_k)) V`` written out, returning the weights too.
+
+    Shapes: q ``(..., T, d_k)``, k ``(..., S, d_k)``, v ``(..., S, d_v)``, mask broadcastable to
+    ``(..., T, S)``. Returns output ``(..., T, d_v)`` and weights ``(..., T, S)`` (before dropout).
+    """
+    scores = dot_scores(q, k, 1.0 / math.sqrt(q.size(-1)))  # (..., T, S)
+    return weighted_values(scores, v, mask, dropout_p)
+
+
+def weighted_values(
+    scores: Tensor, v: Tensor, mask: Optional[Tensor], dropout_p: float
+) -> Tuple[Tensor, Tensor]:
+    """The recipe after the score: masked softmax over the keys, dropout, the weighted sum of the
+    values. ``scores`` ``(..., T, S)`` (overwritten at masked keys), ``v`` ``(..., S, d_v)`` ->
+    output ``(..., T, d_v)`` and weights ``(..., T, S)`` (before dropout)."""
+    weights = masked_softmax_(scores, mask)  # (..., T, S)
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights  # (..., T, S)
+    return torch.matmul(dropped, v), weights  # (..., T, d_v), (..., T, S)
+
+
+# ----- single-head attention over values as they are (the RNN's choices) -----
+class SingleHeadAttention(nn.Module):
+    """The part of the three single-head functions that does not depend on the score: one head, the
+    values attended as they are (the context is a weighted sum of the encoder states), the key
+    projection done once per sentence. A subclass sets ``project_query``, ``project_keys`` and
+    ``score``."""
+
+    n_heads = 1
+
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.dropout_p = dropout
+
+    def project_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(B, S, D_key)`` keys and ``(B, S, D_value)`` values -> ``(B, 1, S, .)`` projected keys and
+        the values as they are, ``(B, 1, S, D_value)``."""
+        return self.project_keys(key).unsqueeze(1), value.unsqueeze(1)  # (B, 1, S, .), (B, 1, S, D_value)
+
+    def attend(
+        self,
+        query: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        causal: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attend from ``query`` ``(B, T, D_query)`` to ``project_kv``'s ``k``, ``v``: context
+        ``(B, T, D_value)`` and weights ``(B, 1, T, S)`` (None unless ``need_weights``)."""
+        mask = checked_mask(mask, query.size(1), k.size(2), causal, query.device)
+        q = self.project_query(query).unsqueeze(1)  # (B, 1, T, .)
+        dropout_p = self.dropout_p if self.training else 0.0
+        context, weights = weighted_values(
+            self.score(q, k), v, mask, dropout_p
+        )  # (B, 1, T, D_value), (B, 1, T, S)
+        return context.squeeze(1), weights if need_weights else None  # (B, T, D_value), (B, 1, T, S)
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        causal: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        return self.attend(query, *self.project_kv(key, value), mask, need_weights, causal)
+
+
+class AdditiveAttention(SingleHeadAttention):
+    """Additive (Bahdanau et al. 2015, appendix A.1.2): ``a(q, k) = w_v^T tanh(W_q q + W_k k)``.
+
+    Parameters: ``W_q`` (``D_query x d_a``), ``W_k`` (``D_key x d_a``), ``w_v`` (``d_a``), no biases;
+    ``d_a`` is ``hidden_size`` (``model.attention_size``). Query and key sizes may differ. Cost:
+    ``T S d_a`` tanh units, held for the backward pass: a ``(B, T, S, d_a)`` tensor.
+    """
+
+    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0):
+        super().__init__(dropout)
+        self.query_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_q
+        self.key_proj = nn.Linear(key_size, hidden_size, bias=False)  # W_k
+        self.score_proj = nn.Linear(hidden_size, 1, bias=False)  # w_v
+
+    def project_query(self, query: Tensor) -> Tensor:
+        return self.query_proj(query)  # (B, T, d_a)
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (B, S, d_a)
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        return additive_scores(q, k, self.score_proj.weight)  # (B, 1, T, S)
+
+
+class GeneralAttention(SingleHeadAttention):
+    """General, or bilinear (Luong et al. 2015, section 3.1): ``a(q, k) = q^T W k``.
+
+    Parameters: ``W`` (``D_query x D_key``), no bias; ``W k`` is computed once per sentence, so a
+    score is one dot product of size ``D_query``. Cost: ``T S D_query``; scores ``(B, T, S)``.
+    """
+
+    def __init__(self, query_size: int, key_size: int, dropout: float = 0.0):
+        super().__init__(dropout)
+        self.key_proj = nn.Linear(key_size, query_size, bias=False)  # W
+
+    def project_query(self, query: Tensor) -> Tensor:
+        return query  # (B, T, D_query)
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (B, S, D_query) W k
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        return dot_scores(q, k)  # (B, 1, T, S)
+
+
+class ScaledDotAttention(SingleHeadAttention):
+    """Scaled dot product, one head (Vaswani et al. 2017, section 3.2.1, over projected inputs):
+    ``a(q, k) = (W_q q)^T (W_k k) / sqrt(d_k)``.
+
+    Parameters: ``W_q`` (``D_query x d_k``), ``W_k`` (``D_key x d_k``), no biases; ``d_k`` is
+    ``model.attention_size``, as additive attention's ``d_a``: the two differ only in the score.
+    Cost: ``T S d_k`` multiply-adds; scores ``(B, T, S)``.
+    """
+
+    def __init__(self, query_size: int, key_size: int, d_k: int, dropout: float = 0.0):
+        super().__init__(dropout)
+        self.query_proj = nn.Linear(query_size, d_k, bias=False)  # W_q
+        self.key_proj = nn.Linear(key_size, d_k, bias=False)  # W_k
+        self.scale = 1.0 / math.sqrt(d_k)
+
+    def project_query(self, query: Tensor) -> Tensor:
+        return self.query_proj(query)  # (B, T, d_k)
+
+    def project_keys(self, keys: Tensor) -> Tensor:
+        return self.key_proj(keys)  # (B, S, d_k)
+
+    def score(self, q: Tensor, k: Tensor) -> Tensor:
+        return dot_scores(q, k, self.scale)  # (B, 1, T, S)
+
+
+# ----- multi-head attention (the Transformer's choices; the RNN's multihead) -----
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention (Vaswani et al. 2017, section 3.2.2).
+
+    ``MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_O`` with
+    ``head_i = softmax(Q W_Q^i (K W_K^i)^T / sqrt(d_k)) V W_V^i`` and ``d_k = d_model / H``.
+    Parameters: ``W_Q``, ``W_K``, ``W_V`` (each input size x ``d_model``) and ``W_O`` (``d_model x
+    out_size``), with biases: ``4 d_model^2 + 4 d_model`` when every size is ``d_model``. Cost:
+    ``T S d_model`` multiply-adds for the scores and as many for the weighted sum; the fused kernel
+    holds no ``(H, T, S)`` tensor (the explicit path, for the weights, does).
+
+    The per-head projections are stored together as one linear layer each (``q_proj``, ``k_proj``,
+    ``v_proj``) and split into heads by a reshape; ``out_proj`` is ``W_O``. The query and key sizes
+    and the output size default to ``d_model`` (the Transformer); the RNN's ``multihead`` attention
+    sets them to its decoder state ``D`` and encoder states ``2D``.
+
+    Self-attention passes one sequence as query, key and value; cross-attention passes the decoder
+    states as query and the encoder output as key and value. A decoder may cache ``project_kv``'s
+    keys and values, extend them with new steps (``torch.cat`` on dim 2) and pass them to ``attend``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        query_size: Optional[int] = None,
+        key_size: Optional[int] = None,
+        out_size: Optional[int] = None,
+    ):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.dropout_p = dropout
+        self.q_proj = nn.Linear(query_size or d_model, d_model)  # W_Q, every head's
+        self.k_proj = nn.Linear(key_size or d_model, d_model)  # W_K
+        self.v_proj = nn.Linear(key_size or d_model, d_model)  # W_V
+        self.out_proj = nn.Linear(d_model, out_size or d_model)  # W_O
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # Xavier-uniform weights and zero biases, as nn.MultiheadAttention initialises them.
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """``(B, T, H d_k)`` -> ``(B, H, T, d_k)``."""
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_k)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """``(B, H, T, d_k)`` -> ``(B, T, H d_k)``."""
+        batch, _, length, _ = x.shape
+        return x.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_head)  # (B, T, H d_k)
+
+    def project_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(B, S, D_key)`` key and value -> per-head keys and values, each ``(B, H, S, d_k)``."""
+        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))  # (B, H, S, d_k) x 2
+
+    def heads(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], need_weights: bool, causal: bool
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Every head's attention: ``(B, H, T, d_k)`` outputs and ``(B, H, T, S)`` weights or None."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        return scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights, causal)
+
+    def attend(
+        self,
+        query: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        causal: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attend from ``query`` ``(B, T, D_query)`` to projected ``k``, ``v`` ``(B, H, S, d_k)``.
+
+        ``causal`` hides later keys without a mask tensor (see ``scaled_dot_product_fused``); it
+        needs ``T == S``, so it is for a full pass, not for queries after cached keys.
+        Returns output ``(B, T, D_out)`` and weights ``(B, H, T, S)`` (None unless ``need_weights``).
+        """
+        if mask is not None:  # one mask, so that the zeroing below also sees rows that causality empties
+            mask, causal = checked_mask(mask, query.size(1), k.size(2), causal, query.device), False
+        q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
+        heads, weights = self.heads(
+            q, k, v, mask, need_weights, causal
+        )  # (B, H, T, d_k), (B, H, T, S) or None
+        out = self.out_proj(self.merge_heads(heads))  # (B, T, D_out)
+        return zero_empty_rows(out, mask), weights  # (B, T, D_out), (B, H, T, S) or None
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        causal: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Multi-head attention of ``query`` ``(B, T, D_query)`` over ``key``/``value``
+        ``(B, S, D_key)`` (the query itself for self-attention); ``need_weights``: return the
+        weights (explicit path) instead of using the fused kernel, with the same output."""
+        k, v = self.project_kv(key, value)  # (B, H, S, d_k) each
+        return self.attend(query, k, v, mask, need_weights, causal)
+
+
+class MultiHeadAdditiveAttention(MultiHeadAttention):
+    """Multi-head additive attention: ``MultiHeadAttention`` with each head's score
+    ``a(q, k) = w_v^i^T tanh(q W_Q^i + k W_K^i)`` in place of the scaled dot product.
+
+    Parameters: those of ``MultiHeadAttention`` and one ``w_v`` of ``d_k`` per head (``score_proj``,
+    ``(H, d_k)``). Cost: ``T S d_model`` tanh units, held for the backward pass (a ``(B, H, T, S,
+    d_k)`` tensor: ``d_k`` times the memory of the dot product's weights), and no fused kernel.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, **sizes: Optional[int]):
+        super().__init__(d_model, n_heads, dropout, **sizes)
+        self.score_proj = nn.Parameter(torch.empty(n_heads, self.d_head))  # w_v of every head
+        nn.init.xavier_uniform_(self.score_proj)
+
+    def heads(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], need_weights: bool, causal: bool
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        if causal:  # no kernel takes the triangle here: a mask tensor
+            mask = with_causal(mask, q.size(2), k.size(2), q.device)  # (T, T)
+        dropout_p = self.dropout_p if self.training else 0.0
+        out, weights = weighted_values(additive_scores(q, k, self.score_proj), v, mask, dropout_p)
+        return out, weights if need_weights else None  # (B, H, T, d_k), (B, H, T, S) or None
+
+
+# ----- the guards: masks, empty rows, the fused path -----
 def rows_with_keys(mask: Tensor) -> Tensor:
     """``(..., T, S)`` mask -> ``(..., T, 1)``: True where the query may attend to some key."""
     return mask.any(dim=-1, keepdim=True)  # (..., T, 1)
@@ -88,21 +406,6 @@ def with_causal(mask: Optional[Tensor], n_queries: int, n_keys: int, device: tor
     """``mask`` (or None) intersected with the ``(T, T)`` causal mask, after ``check_causal``."""
     check_causal(n_queries, n_keys)
     return combine_masks(causal_mask(n_queries, device=device), mask)  # (T, T) or (..., T, T)
-
-
-def scaled_dot_product_explicit(
-    q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor] = None, dropout_p: float = 0.0
-) -> Tuple[Tensor, Tensor]:
-    """``softmax(Q K^T / sqrt(d_k)) V`` written out, returning the weights too.
-
-    Shapes: q ``(..., T, d_k)``, k ``(..., S, d_k)``, v ``(..., S, d_v)``, mask broadcastable to
-    ``(..., T, S)``. Returns output ``(..., T, d_v)`` and weights ``(..., T, S)`` (before dropout).
-    """
-    q = q * (1.0 / math.sqrt(q.size(-1)))  # (..., T, d_k) scaling q is cheaper than the scores
-    scores = torch.matmul(q, k.transpose(-2, -1))  # (..., T, S)
-    weights = masked_softmax_(scores, mask)  # (..., T, S)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights  # (..., T, S)
-    return torch.matmul(dropped, v), weights  # (..., T, d_v), (..., T, S)
 
 
 def scaled_dot_product_fused(
@@ -156,177 +459,32 @@ def scaled_dot_product_attention(
     return scaled_dot_product_fused(q, k, v, mask, dropout_p, causal), None
 
 
+def checked_mask(
+    mask: Optional[Tensor], n_queries: int, n_keys: int, causal: bool, device: torch.device
+) -> Optional[Tensor]:
+    """``mask`` after ``check_mask_shape``, with the causal triangle joined when ``causal``; None
+    when there is neither."""
+    if mask is not None:
+        check_mask_shape(mask, n_queries, n_keys)
+    if causal:
+        mask = with_causal(mask, n_queries, n_keys, device)  # (T, T) or (B|1, H|1, T, T)
+    return mask
+
+
+def zero_empty_rows(out: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """``out`` ``(B, T, D_out)`` with zeros where a query sees no key in any head (not ``W_O``'s
+    bias). Causal alone never empties a row: every query sees its own key."""
+    if mask is None:
+        return out
+    has_key = rows_with_keys(mask)  # (T, 1) or (B|1, H|1, T|1, 1)
+    return out * (has_key if has_key.dim() == 2 else has_key.any(dim=1))  # (B, T, D_out)
+
+
 def check_mask_shape(mask: Tensor, n_queries: int, n_keys: int) -> None:
-    """Refuse a multi-head mask that would broadcast against ``(B, H, T, S)`` in a wrong way."""
+    """Refuse a mask that would broadcast against ``(B, H, T, S)`` in a wrong way."""
     if mask.dim() not in (2, 4) or mask.size(-2) not in (1, n_queries) or mask.size(-1) != n_keys:
         raise ValueError(
-            f"multi-head mask must be (T, S) = ({n_queries}, {n_keys}) or 4-d broadcastable to "
+            f"attention mask must be (T, S) = ({n_queries}, {n_keys}) or 4-d broadcastable to "
             f"(B, H, {n_queries}, {n_keys}), got shape {tuple(mask.shape)}; lift a (B, S) padding mask "
             f"with masks.key_mask"
         )
-
-
-class AdditiveAttention(nn.Module):
-    """Additive (Bahdanau) attention: ``score(q, k) = w_v^T tanh(W_q q + W_k k)``, no biases.
-
-    ``W_q: D_query -> d_a``, ``W_k: D_key -> d_a`` and ``w_v: d_a -> 1``, where ``d_a`` is ``hidden_size``.
-    The key projection ``W_k k`` does not depend on the query, so a decoder computes it once per
-    sentence with ``project_keys`` and passes it back in on every step (``projected_keys=``).
-    """
-
-    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0):
-        super().__init__()
-        self.query_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_q
-        self.key_proj = nn.Linear(key_size, hidden_size, bias=False)  # W_k
-        self.score_proj = nn.Linear(hidden_size, 1, bias=False)  # w_v
-        self.dropout = nn.Dropout(dropout)
-
-    def project_keys(self, keys: Tensor) -> Tensor:
-        """``(B, S, D_key)`` keys -> ``(B, S, d_a)``: ``W_k k``, reusable for every query."""
-        return self.key_proj(keys)  # (B, S, d_a)
-
-    def forward(
-        self,
-        query: Tensor,
-        keys: Optional[Tensor],
-        values: Tensor,
-        mask: Optional[Tensor] = None,
-        projected_keys: Optional[Tensor] = None,
-    ) -> Tuple[Tensor, Tensor]:
-        """Attend from every query to the keys.
-
-        Args:
-            query: ``(B, T, D_query)``; a decoder step has ``T = 1``.
-            keys: ``(B, S, D_key)``; may be None when ``projected_keys`` is given.
-            values: ``(B, S, D_value)``; in an RNN decoder usually the same tensor as ``keys``.
-            mask: boolean, True = may attend, broadcastable to ``(B, T, S)`` (a padding mask is
-                ``(B, 1, S)``, see ``masks.key_mask``).
-            projected_keys: ``(B, S, d_a)`` from ``project_keys(keys)``, to skip recomputing it.
-
-        Returns:
-            context ``(B, T, D_value)`` and weights ``(B, T, S)``.
-        """
-        if mask is not None and mask.dim() != 3:
-            raise ValueError(
-                f"additive attention mask must be 3-d, broadcastable to (B, T, S), got shape "
-                f"{tuple(mask.shape)}; lift a (B, S) padding mask with masks.key_mask(m, False)"
-            )
-        if projected_keys is None:
-            if keys is None:
-                raise ValueError("AdditiveAttention needs keys or projected_keys")
-            projected_keys = self.project_keys(keys)  # (B, S, d_a)
-        projected_query = self.query_proj(query)  # (B, T, d_a)
-        hidden = torch.tanh(projected_query.unsqueeze(2) + projected_keys.unsqueeze(1))  # (B, T, S, d_a)
-        scores = self.score_proj(hidden).squeeze(-1)  # (B, T, S)
-        weights = masked_softmax_(scores, mask)  # (B, T, S)
-        context = torch.bmm(self.dropout(weights), values)  # (B, T, D_value)
-        return context, weights  # (B, T, D_value), (B, T, S)
-
-
-class MultiHeadAttention(nn.Module):
-    """Multi-head scaled dot-product attention (Vaswani et al. 2017, section 3.2.2).
-
-    ``MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_O`` with
-    ``head_i = Attention(Q W_Q^i, K W_K^i, V W_V^i)`` and ``d_k = d_model / H``. The per-head
-    projections are stored together as one ``D x D`` linear layer each (``q_proj``, ``k_proj``,
-    ``v_proj``, with bias) and split into heads by a reshape; ``out_proj`` is ``W_O``.
-
-    Self-attention passes one sequence as query, key and value; cross-attention passes the decoder
-    states as query and the encoder output as key and value. For step-wise decoding the key/value
-    projection is a separate public step: ``project_kv`` gives per-head keys and values that a
-    caller may cache, extend with new steps (``torch.cat`` on dim 2) and pass to ``attend``;
-    ``forward`` is exactly ``attend(query, *project_kv(key, value))``.
-    """
-
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
-        super().__init__()
-        if d_model % n_heads != 0:
-            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads = n_heads
-        self.d_head = d_model // n_heads
-        self.dropout_p = dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        # Xavier-uniform weights and zero biases, as nn.MultiheadAttention initialises them.
-        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
-            nn.init.xavier_uniform_(proj.weight)
-            nn.init.zeros_(proj.bias)
-
-    def split_heads(self, x: Tensor) -> Tensor:
-        """``(B, T, D)`` -> ``(B, H, T, d_k)``."""
-        batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_k)
-
-    def merge_heads(self, x: Tensor) -> Tensor:
-        """``(B, H, T, d_k)`` -> ``(B, T, D)``."""
-        batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_head)  # (B, T, D)
-
-    def project_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(B, S, D)`` key and value -> per-head keys and values, each ``(B, H, S, d_k)``."""
-        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))  # (B, H, S, d_k) x 2
-
-    def attend(
-        self,
-        query: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Optional[Tensor] = None,
-        need_weights: bool = False,
-        causal: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Attend from ``query`` ``(B, T, D)`` to projected ``k``, ``v`` ``(B, H, S, d_k)``.
-
-        ``causal`` hides later keys without a mask tensor (see ``scaled_dot_product_fused``); it
-        needs ``T == S``, so it is for a full pass, not for queries after cached keys.
-        Returns output ``(B, T, D)`` and weights ``(B, H, T, S)`` (None unless ``need_weights``).
-        """
-        if mask is not None:
-            check_mask_shape(mask, query.size(1), k.size(2))
-            if causal:  # one mask, so that the zeroing below also sees rows that causality empties
-                mask = with_causal(mask, query.size(1), k.size(2), query.device)  # (T, T) or (B|1, H|1, T, T)
-                causal = False
-        q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
-        dropout_p = self.dropout_p if self.training else 0.0
-        heads, weights = scaled_dot_product_attention(
-            q, k, v, mask, dropout_p, need_weights, causal
-        )  # (B, H, T, d_k), (B, H, T, S) or None
-        out = self.out_proj(self.merge_heads(heads))  # (B, T, D)
-        if mask is not None:
-            # A query with no visible key in any head returns zeros, not W_O's bias. (Causal alone
-            # never empties a row: every query sees its own key.)
-            has_key = rows_with_keys(mask)  # (T, 1) or (B|1, H|1, T|1, 1)
-            out = out * (has_key if has_key.dim() == 2 else has_key.any(dim=1))  # (B, T, D)
-        return out, weights  # (B, T, D), (B, H, T, S) or None
-
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Optional[Tensor] = None,
-        need_weights: bool = False,
-        causal: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Multi-head attention of ``query`` over ``key``/``value``.
-
-        Args:
-            query: ``(B, T, D)``.
-            key, value: ``(B, S, D)`` (the query itself for self-attention).
-            mask: boolean, True = may attend, broadcastable to ``(B, H, T, S)``: ``(T, S)`` causal,
-                ``(B, 1, 1, S)`` padding, ``(B, 1, T, S)`` both combined.
-            need_weights: return the attention weights (explicit path) instead of using the
-                fused kernel; both paths give the same output.
-            causal: hide later keys as ``masks.causal_mask(T)`` would, without a mask tensor
-                (self-attention with ``T == S`` only; see ``scaled_dot_product_fused``).
-
-        Returns:
-            output ``(B, T, D)`` and weights ``(B, H, T, S)`` or None.
-        """
-        k, v = self.project_kv(key, value)  # (B, H, S, d_k) each
-        return self.attend(query, k, v, mask, need_weights, causal)

@@ -20,8 +20,13 @@ SIZES = (  # the keys that count something: at least 1
     "n_heads",
     "ff_size",
     "max_positions",
+    "attention_heads",
 )
 CHOICES = {"cell": ("gru", "lstm"), "norm": ("pre", "post"), "positions": ("sinusoidal", "learned")}
+ATTENTION = {  # model.attention of each family
+    "rnn": ("additive", "general", "scaled_dot", "multihead"),
+    "transformer": ("scaled_dot", "additive"),
+}
 RATES = ("dropout", "attention_dropout")  # probabilities of dropping: in [0, 1)
 
 
@@ -34,9 +39,16 @@ def value_problem(cfg: Any) -> Tuple[str, str]:
     for key, allowed in CHOICES.items():
         if key in values and values[key] not in allowed:
             return key, f"must be {' or '.join(allowed)}, got {values[key]!r}"
+    if values["attention"] not in ATTENTION[values["name"]]:
+        return "attention", f"must be {' or '.join(ATTENTION[values['name']])}, got {values['attention']!r}"
     for key in RATES:
         if key in values and not 0.0 <= values[key] < 1.0:
             return key, f"must be in [0, 1), got {values[key]}"
+    if values.get("attention") == "multihead" and values["attention_size"] % values["attention_heads"]:
+        return "attention_size", (
+            f"({values['attention_size']}) must be divisible by model.attention_heads "
+            f"({values['attention_heads']}): each head takes attention_size / attention_heads dimensions"
+        )
     if "n_heads" in values and values["d_model"] % values["n_heads"]:
         return "d_model", (
             f"({values['d_model']}) must be divisible by model.n_heads ({values['n_heads']}): each head "
@@ -54,7 +66,7 @@ def check_values(cfg: Any) -> None:
 
 @dataclass
 class RNNConfig:
-    """Bidirectional RNN encoder, RNN decoder with additive attention and input feeding."""
+    """Bidirectional RNN encoder, RNN decoder with attention (additive by default) and input feeding."""
 
     name: str = "rnn"
     cell: str = "gru"  # gru or lstm (encoder and decoder)
@@ -62,7 +74,12 @@ class RNNConfig:
     hidden_size: int = 256  # D: per direction in the encoder; the decoder state size
     encoder_layers: int = 1
     decoder_layers: int = 1
-    attention_size: int = 256  # d_a, the hidden size of the additive score w_v^T tanh(W_q q + W_k k)
+    # The decoder's attention over the encoder states (models/attention.py): additive
+    # (w_v^T tanh(W_q q + W_k k)), general (q^T W k), scaled_dot (one head of (W_q q)^T (W_k k) /
+    # sqrt(d_k)) or multihead (attention_heads heads of scaled dot-product and W_O).
+    attention: str = "additive"
+    attention_size: int = 256  # d_a of additive, d_k of scaled_dot, heads x d_k of multihead
+    attention_heads: int = 4  # heads of multihead attention (the other choices have one)
     dropout: float = 0.2  # on embeddings, between layers and on the pre-output layer
     tie_output: bool = True  # output projection shares the target embedding
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary only)
@@ -83,6 +100,9 @@ class TransformerConfig:
     decoder_layers: int = 3
     dropout: float = 0.1  # on embeddings, sub-layer outputs and inside the feed-forward block
     attention_dropout: float = 0.0
+    # Every attention of the model (encoder self, decoder self, cross), models/attention.py:
+    # scaled_dot (multi-head softmax(Q K^T / sqrt(d_k)) V) or additive (per head w_v^T tanh(W_Q q + W_K k)).
+    attention: str = "scaled_dot"
     norm: str = "pre"  # pre (LayerNorm before each sub-layer, a final LayerNorm) or post
     positions: str = "sinusoidal"  # sinusoidal or learned
     max_positions: int = 1024  # longest sequence learned positions cover

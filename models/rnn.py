@@ -1,4 +1,5 @@
-"""RNN encoder-decoder with additive attention (Bahdanau et al. 2015).
+"""RNN encoder-decoder with attention (Bahdanau et al. 2015): additive by default, or any of
+``models/attention.py``'s functions (``model.attention``).
 
 Encoder: a bidirectional GRU (or LSTM) over the source; its states ``h_j = [fwd_j; bwd_j]`` are
 the keys and values of attention. A bridge ``tanh(W_b [fwd_final; bwd_final])`` gives the
@@ -11,12 +12,18 @@ Decoder, at target step ``t`` (the paper's appendix A.2, with a tanh readout ins
     o_t      = Dropout(tanh(W_o [s_t; c_t; E y_{t-1}]))      readout from state, context, embedding
     logits_t = W_out o_t                                      W_out optionally tied to E
 
-The key projection ``W_k h`` of the attention is computed once per sentence and kept in the
-decoder state. Only the attention and the RNN cell run step by step; the readout and the output
+``Attention`` is ``model.attention``: ``additive`` (Bahdanau's ``w_v^T tanh(W_q s + W_k h)``),
+``general`` (Luong's ``s^T W h``), ``scaled_dot`` (one head, ``(W_q s)^T (W_k h) / sqrt(d_k)``) or
+``multihead`` (``model.attention_heads`` heads of scaled dot-product, ``W_O`` back to ``2D``). The
+query is the state before the step, ``s_{t-1}``, for every choice (Bahdanau's data flow, not
+Luong's ``s_t``), so the choice changes the score and nothing else. What does not depend on the
+query (the key projection, and the multi-head value projection) is computed once per sentence and
+kept in the decoder state. Only the attention and the RNN cell run step by step; the readout and the output
 layer run over all steps at once in a teacher-forced pass.
 
 Shapes (the scheme of ``models/__init__.py``): ``D`` hidden size (the decoder state; the encoder
-states are ``2D``, both directions), ``E`` embedding size, ``d_a`` attention size, ``L`` layers.
+states are ``2D``, both directions), ``E`` embedding size, ``d_a`` attention size, ``L`` layers,
+``H`` attention heads (1 but for ``multihead``).
 """
 
 from typing import Dict, Optional, Tuple
@@ -25,13 +32,14 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from models.attention import AdditiveAttention
+from models.attention import AdditiveAttention, GeneralAttention, MultiHeadAttention, ScaledDotAttention
 from models.config import RNNConfig
 from models.embeddings import OutputLayer, TokenEmbedding
 from models.masks import key_mask
 from models.seq2seq import Attention, Encoded
 
-# memory (B, S, 2D), keys (B, S, d_a), src_mask (B, S), hidden (B, L, D) [, cell (B, L, D) for an LSTM]
+# cross_k (B, H, S, d_a), cross_v (B, H, S, .) the attention's projections of the encoder states,
+# src_mask (B, S), hidden (B, L, D) [, cell (B, L, D) for an LSTM]
 State = Dict[str, Tensor]
 
 
@@ -62,6 +70,21 @@ def run_rnn(rnn: nn.RNNBase, inputs, hx=None):
         return rnn(inputs, hx)
 
 
+def cross_attention(cfg: RNNConfig) -> nn.Module:
+    """The decoder's attention ``model.attention`` from its state (``D``) over the encoder states
+    (``2D``); its context is ``2D`` whatever the choice."""
+    query, memory, size = cfg.hidden_size, 2 * cfg.hidden_size, cfg.attention_size
+    choices = {
+        "additive": lambda: AdditiveAttention(query, memory, size),
+        "general": lambda: GeneralAttention(query, memory),
+        "scaled_dot": lambda: ScaledDotAttention(query, memory, size),
+        "multihead": lambda: MultiHeadAttention(
+            size, cfg.attention_heads, query_size=query, key_size=memory, out_size=memory
+        ),
+    }
+    return choices[cfg.attention]()
+
+
 class RNNEncoder(nn.Module):
     """Bidirectional GRU or LSTM over the embedded source."""
 
@@ -87,7 +110,7 @@ class RNNEncoder(nn.Module):
 
 
 class RNNDecoder(nn.Module):
-    """Bridge, additive attention, GRU or LSTM cell and readout; runs one step at a time (``step``)."""
+    """Bridge, attention, GRU or LSTM cell and readout; runs one step at a time (``step``)."""
 
     def __init__(self, cfg: RNNConfig, embed: TokenEmbedding, vocab_size: int):
         super().__init__()
@@ -96,7 +119,7 @@ class RNNDecoder(nn.Module):
         self.embed = embed
         self.dropout = nn.Dropout(cfg.dropout)
         self.bridge = nn.Linear(memory_size, cfg.decoder_layers * cfg.hidden_size)
-        self.attention = AdditiveAttention(cfg.hidden_size, memory_size, cfg.attention_size)
+        self.attention = cross_attention(cfg)
         self.rnn = make_rnn(
             cfg.cell, cfg.embed_dim + memory_size, cfg.hidden_size, cfg.decoder_layers, cfg.dropout, False
         )
@@ -104,13 +127,15 @@ class RNNDecoder(nn.Module):
         self.output = OutputLayer(cfg.embed_dim, vocab_size, embed if cfg.tie_output else None)
 
     def start_state(self, encoded: Encoded) -> State:
-        """The state before the first target token: bridged final encoder states, projected keys."""
+        """The state before the first target token: bridged final encoder states, the attention's
+        keys and values."""
         batch = encoded.memory.size(0)
         bridged = torch.tanh(self.bridge(encoded.final))  # (B, L * D)
         hidden = bridged.view(batch, self.layers, self.hidden_size)  # (B, L, D)
+        cross_k, cross_v = self.attention.project_kv(encoded.memory, encoded.memory)  # once per sentence
         state = {
-            "memory": encoded.memory,
-            "keys": self.attention.project_keys(encoded.memory),  # (B, S, d_a) once per sentence
+            "cross_k": cross_k,  # (B, H, S, d_a)
+            "cross_v": cross_v,  # (B, H, S, .)
             "src_mask": encoded.src_mask,
             "hidden": hidden,
         }
@@ -121,14 +146,14 @@ class RNNDecoder(nn.Module):
     def step(self, embedded: Tensor, state: State) -> Tuple[Tensor, Tensor, Tensor, State]:
         """One recurrence step for embedded previous tokens ``(B, E)``.
 
-        Returns the new top state ``s_t`` ``(B, D)``, context ``c_t`` ``(B, 2D)``, weights ``(B, S)``
+        Returns the new top state ``s_t`` ``(B, D)``, context ``c_t`` ``(B, 2D)``, weights ``(B, H, S)``
         and the new state.
         """
         query = state["hidden"][:, -1:]  # (B, 1, D) s_{t-1} of the top layer
-        mask = key_mask(state["src_mask"], n_heads_dim=False)  # (B, 1, S)
-        context, weights = self.attention(
-            query, None, state["memory"], mask, projected_keys=state["keys"]
-        )  # (B, 1, 2D), (B, 1, S)
+        mask = key_mask(state["src_mask"])  # (B, 1, 1, S)
+        context, weights = self.attention.attend(
+            query, state["cross_k"], state["cross_v"], mask, need_weights=True
+        )  # (B, 1, 2D), (B, H, 1, S)
         rnn_input = torch.cat([embedded.unsqueeze(1), context], dim=-1).float()  # (B, 1, E + 2D)
         hidden = state["hidden"].transpose(0, 1).float().contiguous()  # (L, B, D)
         if self.cell == "lstm":
@@ -139,7 +164,7 @@ class RNNDecoder(nn.Module):
         new_state = dict(state, hidden=hidden.transpose(0, 1))  # (B, L, D)
         if self.cell == "lstm":
             new_state["cell"] = cell.transpose(0, 1)  # (B, L, D)
-        return output[:, 0], context[:, 0], weights[:, 0], new_state  # (B, D), (B, 2D), (B, S)
+        return output[:, 0], context[:, 0], weights[:, :, 0], new_state  # (B, D), (B, 2D), (B, H, S)
 
     def logits(self, top: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
         """Readout: ``(..., D)``, ``(..., 2D)``, ``(..., E)`` -> logits ``(..., V)``."""
@@ -176,10 +201,12 @@ class RNNModel(nn.Module):
     def decode_step(
         self, tokens: Tensor, state: State, need_weights: bool = False
     ) -> Tuple[Tensor, State, Optional[Tensor]]:
-        """``tokens`` ``(B,)`` -> logits ``(B, V)``, new state, attention weights ``(B, S)``."""
+        """``tokens`` ``(B,)`` -> logits ``(B, V)``, new state, attention weights ``(B, S)`` (the mean
+        of the heads)."""
         embedded = self.decoder.dropout(self.decoder.embed(tokens))  # (B, E)
-        top, context, weights, state = self.decoder.step(embedded, state)  # (B, D), (B, 2D), (B, S)
-        return self.decoder.logits(top, context, embedded), state, weights if need_weights else None  # (B, V)
+        top, context, weights, state = self.decoder.step(embedded, state)  # (B, D), (B, 2D), (B, H, S)
+        weights = weights.mean(dim=1) if need_weights else None  # (B, S)
+        return self.decoder.logits(top, context, embedded), state, weights  # (B, V)
 
     def forward(
         self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False
@@ -187,8 +214,9 @@ class RNNModel(nn.Module):
         """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
         logits ``(B, T, V)`` and the attention.
 
-        With ``need_weights`` the attention (``models/seq2seq.py``) holds the additive attention as
-        one layer with one head, ``cross`` ``[(B, 1, T, S)]``, and no self-attention; else ``{}``.
+        With ``need_weights`` the attention (``models/seq2seq.py``) holds the decoder's attention as
+        one layer, ``cross`` ``[(B, H, T, S)]`` (one head but for ``multihead``), and no
+        self-attention; else ``{}``.
         """
         encoded = self.encode(src, src_mask, need_weights)
         state = self.start_state(encoded)
@@ -202,5 +230,5 @@ class RNNModel(nn.Module):
         logits = self.decoder.logits(torch.stack(tops, 1), torch.stack(contexts, 1), embedded)  # (B, T, V)
         if not need_weights:
             return logits, {}
-        cross = torch.stack(weights, 1).unsqueeze(1)  # (B, 1, T, S) one layer, one head
+        cross = torch.stack(weights, 2)  # (B, H, T, S) one layer
         return logits, {"cross": [cross], "decoder_self": [], **encoded.attention}

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAttention
+from models.attention import MultiHeadAdditiveAttention, MultiHeadAttention
 from models.config import TransformerConfig
 from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding
 from models.masks import causal_mask, combine_masks, key_mask, padding_mask_from_ids
@@ -31,6 +31,13 @@ def target_self_mask(tgt_in: Tensor, pad_id: int) -> Tensor:
     """``(B, T)`` target ids -> ``(B, 1, T, T)``: earlier positions only, and no padding keys."""
     tgt_keys = key_mask(padding_mask_from_ids(tgt_in, pad_id))  # (B, 1, 1, T)
     return combine_masks(causal_mask(tgt_in.size(1), device=tgt_in.device), tgt_keys)  # (B, 1, T, T)
+
+
+def make_attention(cfg: TransformerConfig) -> MultiHeadAttention:
+    """One attention of the model, of the function ``model.attention`` names (every attention of a
+    model is of the same function)."""
+    kind = MultiHeadAdditiveAttention if cfg.attention == "additive" else MultiHeadAttention
+    return kind(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
 
 
 class FeedForward(nn.Module):
@@ -72,7 +79,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_attn = make_attention(cfg)
         self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, cfg.dropout)
         self.attn_residual = Residual(cfg.d_model, cfg.dropout, pre)
         self.ff_residual = Residual(cfg.d_model, cfg.dropout, pre)
@@ -93,8 +100,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.self_attn = make_attention(cfg)
+        self.cross_attn = make_attention(cfg)
         self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, cfg.dropout)
         self.self_residual = Residual(cfg.d_model, cfg.dropout, pre)
         self.cross_residual = Residual(cfg.d_model, cfg.dropout, pre)

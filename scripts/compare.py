@@ -17,6 +17,12 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
   first, per test split and metric: the paired bootstrap of each pair of runs with the same seed,
   Welch's t-test on the per-seed scores, an exact permutation test over the pooled per-seed
   scores, and a sentence that says what they show;
+- architecture and attention, when the groups of 2+ seeds cross the ``model`` group with
+  ``model.attention`` (read from each run's config; ``+experiment=attention_grid``): per cell the
+  mean ± std over the seeds of validation BLEU and of each test split's BLEU and chrF, the cell
+  with the highest mean validation BLEU, and each factor's effect within each level of the other
+  (the attention in each architecture, the architecture with each attention): the difference of
+  the means, Welch's and the permutation test's p, and what they show;
 - validation BLEU at equal budgets: a table of each group's validation BLEU (mean ± std over its
   seeds, interpolated between evaluations) after 5, 10, 15, ... minutes of training
   (``--minutes-step``) and after 1, 2, 3, ... epochs, with which group leads at each budget and

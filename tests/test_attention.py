@@ -6,7 +6,10 @@ from torch import nn
 
 from models.attention import (
     AdditiveAttention,
+    GeneralAttention,
+    MultiHeadAdditiveAttention,
     MultiHeadAttention,
+    ScaledDotAttention,
     masked_softmax_,
     scaled_dot_product_attention,
     scaled_dot_product_explicit,
@@ -162,35 +165,143 @@ def test_masked_softmax_overwrites_only_masked_scores_and_zeroes_them():
     assert torch.equal(in_place[..., ::2], original[..., ::2])  # visible scores are left alone
 
 
-# --- additive attention ----------------------------------------------------------------------------
+# --- every function against its formula, computed by hand --------------------------------------
+
+SINGLE_HEAD = {  # name -> (module of query size 6 and key size 10, a(q, k) for one query and one key)
+    "additive": (
+        lambda: AdditiveAttention(query_size=6, key_size=10, hidden_size=8),
+        lambda m, q, k: m.score_proj.weight[0] @ torch.tanh(m.query_proj.weight @ q + m.key_proj.weight @ k),
+    ),
+    "general": (
+        lambda: GeneralAttention(query_size=6, key_size=10),
+        lambda m, q, k: q @ (m.key_proj.weight @ k),
+    ),
+    "scaled_dot": (
+        lambda: ScaledDotAttention(query_size=6, key_size=10, d_k=8),
+        lambda m, q, k: (m.query_proj.weight @ q) @ (m.key_proj.weight @ k) / math.sqrt(8),
+    ),
+}
 
 
-def additive_by_formula(attn: AdditiveAttention, query, keys, values, mask):
-    """Score every (query, key) pair one at a time with w_v^T tanh(W_q q + W_k k)."""
-    W_q, W_k, w_v = attn.query_proj.weight, attn.key_proj.weight, attn.score_proj.weight[0]
-    batch, n_queries, n_keys = query.size(0), query.size(1), keys.size(1)
-    context = torch.zeros(batch, n_queries, values.size(-1), dtype=query.dtype)
-    weights = torch.zeros(batch, n_queries, n_keys, dtype=query.dtype)
-    for b in range(batch):
-        for t in range(n_queries):
-            visible = [s for s in range(n_keys) if mask[b, 0, s]]
-            scores = torch.stack([w_v @ torch.tanh(W_q @ query[b, t] + W_k @ keys[b, s]) for s in visible])
-            for s, weight in zip(visible, torch.softmax(scores, dim=0)):
-                weights[b, t, s] = weight
-                context[b, t] += weight * values[b, s]
-    return context, weights
+def softmax_by_hand(scores: dict) -> dict:
+    """key index -> weight, from key index -> score (an empty dict when no key is visible)."""
+    if not scores:
+        return {}
+    top = max(float(v.detach()) for v in scores.values())
+    exps = {s: torch.exp(v - top) for s, v in scores.items()}
+    total = sum(exps.values())
+    return {s: e / total for s, e in exps.items()}
 
 
-def test_additive_attention_equals_the_formula():
-    attn = AdditiveAttention(query_size=6, key_size=10, hidden_size=8).double()
+def by_hand(score, values, visible, n_queries, n_keys):
+    """Weights ``(T, S)`` and outputs ``(T, d_v)`` of one sentence (and head) one pair at a time:
+    ``score(t, s)``, ``values`` ``(S, d_v)``, ``visible(t, s)``; a row with no visible key is zero."""
+    weights = torch.zeros(n_queries, n_keys, dtype=values.dtype)
+    out = torch.zeros(n_queries, values.size(-1), dtype=values.dtype)
+    for t in range(n_queries):
+        row = softmax_by_hand({s: score(t, s) for s in range(n_keys) if visible(t, s)})
+        for s, weight in row.items():
+            weights[t, s] = weight
+            out[t] += weight * values[s]
+    return weights, out
+
+
+def hand_masks(n_queries: int, n_keys: int) -> dict:
+    """Masks of every shape a layer passes, each with rows that have no visible key."""
+    keys = padding([n_keys, 3, 0], n_keys)  # the last sentence is all padding
+    queries = padding([n_queries, 2, n_queries], n_queries)
+    return {
+        "padding": key_mask(keys),  # (B, 1, 1, S)
+        "padding and queries": combine_masks(key_mask(keys), queries[:, None, :, None]),  # (B, 1, T, S)
+        "causal and padding": combine_masks(causal_mask(n_queries, n_keys), key_mask(keys)),  # (B, 1, T, S)
+    }
+
+
+@pytest.mark.parametrize("mask_name", ["padding", "padding and queries", "causal and padding"])
+@pytest.mark.parametrize("name", list(SINGLE_HEAD))
+def test_single_head_functions_equal_their_formula(name, mask_name):
+    build, score = SINGLE_HEAD[name]
+    attn = build().double()
     query, keys = torch.randn(B, T, 6, dtype=torch.float64), torch.randn(B, S, 10, dtype=torch.float64)
     values = torch.randn(B, S, 5, dtype=torch.float64)
-    mask = key_mask(padding([7, 4, 1], S), n_heads_dim=False)  # (B, 1, S)
-    context, weights = attn(query, keys, values, mask=mask)
-    expected_context, expected_weights = additive_by_formula(attn, query, keys, values, mask)
-    assert context.shape == (B, T, 5) and weights.shape == (B, T, S)
-    torch.testing.assert_close(weights, expected_weights)
-    torch.testing.assert_close(context, expected_context)
+    mask = hand_masks(T, S)[mask_name]
+    out, weights = attn(query, keys, values, mask=mask, need_weights=True)
+    assert out.shape == (B, T, 5) and weights.shape == (B, 1, T, S)
+    full = mask.expand(B, 1, T, S)
+    for b in range(B):
+        expected_weights, expected_out = by_hand(
+            lambda t, s, b=b: score(attn, query[b, t], keys[b, s]),
+            values[b],
+            lambda t, s, b=b: bool(full[b, 0, t, s]),
+            T,
+            S,
+        )
+        torch.testing.assert_close(weights[b, 0], expected_weights)
+        torch.testing.assert_close(out[b], expected_out)
+    assert (out[2] == 0).all() and (weights[2] == 0).all()  # no visible key: zeros, no NaN
+
+
+def multi_head_by_hand(mha, query, key, value, visible, additive: bool):
+    """``W_O [head_1; ...; head_H] + b_O`` of one sentence, each head scored pair by pair; a query
+    with no visible key returns zeros."""
+    d_k, heads = mha.d_head, []
+    q_all = query @ mha.q_proj.weight.T + mha.q_proj.bias  # (T, D)
+    k_all = key @ mha.k_proj.weight.T + mha.k_proj.bias  # (S, D)
+    v_all = value @ mha.v_proj.weight.T + mha.v_proj.bias  # (S, D)
+    weights = []
+    for h in range(mha.n_heads):
+        part = slice(h * d_k, (h + 1) * d_k)
+        q, k, v = q_all[:, part], k_all[:, part], v_all[:, part]
+        if additive:
+            w_v = mha.score_proj[h]
+            score = lambda t, s, q=q, k=k, w_v=w_v: w_v @ torch.tanh(q[t] + k[s])  # noqa: E731
+        else:
+            score = lambda t, s, q=q, k=k: q[t] @ k[s] / math.sqrt(d_k)  # noqa: E731
+        head_weights, head_out = by_hand(score, v, visible, query.size(0), key.size(0))
+        weights.append(head_weights)
+        heads.append(head_out)
+    out = torch.cat(heads, dim=-1) @ mha.out_proj.weight.T + mha.out_proj.bias  # (T, D)
+    empty = [t for t in range(query.size(0)) if not any(visible(t, s) for s in range(key.size(0)))]
+    out[empty] = 0
+    return torch.stack(weights), out  # (H, T, S), (T, D)
+
+
+@pytest.mark.parametrize("mask_name", ["padding", "padding and queries", "causal and padding"])
+@pytest.mark.parametrize("kind", [MultiHeadAttention, MultiHeadAdditiveAttention])
+def test_multi_head_functions_equal_their_formula(kind, mask_name):
+    mha = kind(D, H).double()
+    nn.init.normal_(mha.out_proj.bias)  # an empty row returns zeros, not this bias
+    query, memory = torch.randn(B, T, D, dtype=torch.float64), torch.randn(B, S, D, dtype=torch.float64)
+    mask = hand_masks(T, S)[mask_name]
+    full = mask.expand(B, 1, T, S)
+    for need_weights in (True, False):
+        out, weights = mha(query, memory, memory, mask=mask, need_weights=need_weights)
+        for b in range(B):
+            expected_weights, expected_out = multi_head_by_hand(
+                mha,
+                query[b],
+                memory[b],
+                memory[b],
+                lambda t, s, b=b: bool(full[b, 0, t, s]),
+                kind is MultiHeadAdditiveAttention,
+            )
+            torch.testing.assert_close(out[b], expected_out)
+            if need_weights:
+                torch.testing.assert_close(weights[b], expected_weights)
+        assert (out[2] == 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_multi_head_additive_causal_flag_equals_the_causal_mask(need_weights):
+    mha = MultiHeadAdditiveAttention(D, H)
+    x = torch.randn(B, T, D)
+    flag, _ = mha(x, x, x, causal=True, need_weights=need_weights)
+    mask, _ = mha(x, x, x, mask=causal_mask(T), need_weights=need_weights)
+    torch.testing.assert_close(flag, mask)
+    pad = key_mask(padding([5, 3, 0], T))
+    both, _ = mha(x, x, x, mask=pad, causal=True, need_weights=need_weights)
+    torch.testing.assert_close(both, mha(x, x, x, mask=combine_masks(causal_mask(T), pad))[0])
+    assert (both[2] == 0).all()
 
 
 def test_additive_attention_has_no_biases():
@@ -202,56 +313,57 @@ def test_additive_attention_has_no_biases():
     }
 
 
-def test_additive_attention_reuses_projected_keys():
-    attn = AdditiveAttention(6, 10, 8)
+@pytest.mark.parametrize("name", list(SINGLE_HEAD))
+def test_single_head_functions_reuse_projected_keys(name):
+    attn = SINGLE_HEAD[name][0]()
     keys, values = torch.randn(B, S, 10), torch.randn(B, S, 10)
-    mask = key_mask(padding([7, 4, 1], S), n_heads_dim=False)
-    projected = attn.project_keys(keys)  # once per sentence
+    mask = key_mask(padding([7, 4, 1], S))
+    k, v = attn.project_kv(keys, values)  # once per sentence
+    assert k.shape[:3] == (B, 1, S) and v.shape == (B, 1, S, 10)
     for _ in range(3):  # decoder steps
         query = torch.randn(B, 1, 6)
-        full = attn(query, keys, values, mask=mask)
-        reused = attn(query, None, values, mask=mask, projected_keys=projected)
+        full = attn(query, keys, values, mask=mask, need_weights=True)
+        reused = attn.attend(query, k, v, mask=mask, need_weights=True)
         torch.testing.assert_close(reused, full)
-    with pytest.raises(ValueError, match="projected_keys"):
-        attn(query, None, values)
-    with pytest.raises(ValueError, match="3-d"):
-        attn(query, keys, values, mask=padding([7, 4, 1], S))
+    with pytest.raises(ValueError, match="key_mask"):
+        attn.attend(query, k, v, mask=padding([7, 4, 1], S))  # a bare (B, S) padding mask
 
 
 # --- masks: exact zeros, normalised rows, empty rows -----------------------------------------------
 
 
 def attention_calls():
-    """name -> (module, fn(mask) -> (output, weights or None), (B, S) padding -> mask)."""
+    """name -> (module, fn(mask) -> (output, weights or None)) for a (B, 1, 1, S) key mask."""
     additive = AdditiveAttention(D, D, 12)
     mha = MultiHeadAttention(D, H)
+    mh_additive = MultiHeadAdditiveAttention(D, H)
     query, memory = torch.randn(B, T, D), torch.randn(B, S, D)
     return {
-        "additive": (
-            additive,
-            lambda m: additive(query, memory, memory, mask=m),
-            lambda pad: key_mask(pad, False),
+        "additive": (additive, lambda m: additive(query, memory, memory, mask=m, need_weights=True)),
+        "mha explicit": (mha, lambda m: mha(query, memory, memory, mask=m, need_weights=True)),
+        "mha fused": (mha, lambda m: mha(query, memory, memory, mask=m)),
+        "mha additive": (
+            mh_additive,
+            lambda m: mh_additive(query, memory, memory, mask=m, need_weights=True),
         ),
-        "mha explicit": (mha, lambda m: mha(query, memory, memory, mask=m, need_weights=True), key_mask),
-        "mha fused": (mha, lambda m: mha(query, memory, memory, mask=m), key_mask),
     }
 
 
-@pytest.mark.parametrize("name", ["additive", "mha explicit"])
+@pytest.mark.parametrize("name", ["additive", "mha explicit", "mha additive"])
 def test_masked_keys_get_exactly_zero_weight_and_rows_sum_to_one(name):
-    _, call, lift = attention_calls()[name]
+    _, call = attention_calls()[name]
     pad = padding([7, 3, 5], S)
-    _, weights = call(lift(pad))
+    _, weights = call(key_mask(pad))
     hidden = ~pad.view(B, *([1] * (weights.dim() - 2)), S).expand_as(weights)
     assert (weights[hidden] == 0).all()
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
 
 
-@pytest.mark.parametrize("name", ["additive", "mha explicit", "mha fused"])
+@pytest.mark.parametrize("name", ["additive", "mha explicit", "mha fused", "mha additive"])
 def test_fully_masked_rows_give_zeros_and_finite_gradients(name):
-    module, call, lift = attention_calls()[name]
+    module, call = attention_calls()[name]
     pad = padding([7, 0, 3], S)  # the second sentence has no visible key at all
-    out, weights = call(lift(pad))
+    out, weights = call(key_mask(pad))
     assert torch.isfinite(out).all()
     if weights is not None:
         assert (weights[1] == 0).all()
@@ -279,8 +391,10 @@ def test_additive_attention_gradcheck():
     query = torch.randn(2, 2, 3, dtype=torch.float64, requires_grad=True)
     keys = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
     values = torch.randn(2, 3, 2, dtype=torch.float64, requires_grad=True)
-    mask = key_mask(padding([3, 2], 3), n_heads_dim=False)
-    assert torch.autograd.gradcheck(lambda q, k, v: attn(q, k, v, mask=mask), (query, keys, values))
+    mask = key_mask(padding([3, 2], 3))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: attn(q, k, v, mask=mask, need_weights=True), (query, keys, values)
+    )
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -320,10 +434,10 @@ def test_additive_dropout_only_in_training_mode():
     attn = AdditiveAttention(6, 6, 8, dropout=0.5)
     query, keys = torch.randn(B, T, 6), torch.randn(B, S, 6)
     attn.eval()
-    first, second = attn(query, keys, keys), attn(query, keys, keys)
+    first, second = attn(query, keys, keys, need_weights=True), attn(query, keys, keys, need_weights=True)
     torch.testing.assert_close(first, second)
     attn.train()
-    context, weights = attn(query, keys, keys)
+    context, weights = attn(query, keys, keys, need_weights=True)
     assert not torch.allclose(context, first[0])
     torch.testing.assert_close(weights, first[1])
 

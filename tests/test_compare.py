@@ -15,7 +15,7 @@ import pytest
 
 from comparison.curves import bleu_curve, mean_curve, run_curves, value_at
 from comparison.figure import figure
-from comparison.formats import format_p
+from comparison.formats import format_mean_std, format_p
 from comparison.runs import read_run
 from comparison.significance import paired_bootstrap, verdict
 from comparison.statistics import (
@@ -739,7 +739,8 @@ def test_the_figure_has_a_panel_per_axis_with_the_mean_and_band_of_each_group(se
     fig = figure([runs[:3], runs[3:]], curves)
     by_time, by_epoch = fig.axes
     assert "minutes" in by_time.get_xlabel() and by_epoch.get_xlabel() == "epochs"
-    assert "band from the lowest to the highest seed" in fig._suptitle.get_text()
+    title = fig._suptitle.get_text()
+    assert "band from the lowest to the highest seed where every seed has data" in title
     for ax in (by_time, by_epoch):
         means = [line for line in ax.get_lines() if not line.get_label().startswith("_")]
         assert [line.get_label() for line in means] == [
@@ -751,17 +752,19 @@ def test_the_figure_has_a_panel_per_axis_with_the_mean_and_band_of_each_group(se
         assert len(ax.get_lines()) == 4  # and each group's evaluations as dots
     rnn_time, rnn_dots = by_time.get_lines()[:2]
     assert len(rnn_dots.get_xdata()) == 7 and rnn_dots.get_linestyle() == "None"
-    # seed 1 spans 2-4 min, seed 2 1.5-5, seed 3 2.5-5: the mean jumps where one starts or stops
-    assert list(rnn_time.get_xdata()) == [1.5, 2.0, 2.0, 2.5, 2.5, 3.0, 4.0, 4.0, 5.0]
-    s2_at_2, s2_at_2_5 = 14 + 4 * 0.5 / 1.5, 14 + 4 * 1 / 1.5
-    expected = [14, s2_at_2, (12 + s2_at_2) / 2, (14 + s2_at_2_5) / 2, (14 + s2_at_2_5 + 10) / 3]
-    expected += [(16 + 18 + 11.2) / 3, (20 + 19.5 + 13.6) / 3, (19.5 + 13.6) / 2, (21 + 16) / 2]
+    # seed 1 spans 2-4 min, seed 2 1.5-5, seed 3 2.5-5: the mean from 2.5 (seed 3's first
+    # evaluation) to 4 (seed 1's last), at every evaluation in between
+    assert list(rnn_time.get_xdata()) == [2.5, 3.0, 4.0]
+    s2_at_2_5 = 14 + 4 * 1 / 1.5
+    expected = [(14 + s2_at_2_5 + 10) / 3, (16 + 18 + 11.2) / 3, (20 + 19.5 + 13.6) / 3]
     assert list(rnn_time.get_ydata()) == pytest.approx(expected)
     band = by_time.collections[0].get_paths()[0].vertices
-    assert band[:, 1].min() == pytest.approx(10.0) and band[:, 1].max() == pytest.approx(21.0)
-    # no run spans an interval: a gap; one point in all: that point
-    xs, means, lows, highs = mean_curve([([1.0, 2.0], [10.0, 20.0]), ([3.0, 4.0], [30.0, 34.0])])
-    assert xs[:2] + xs[3:] == [1.0, 2.0, 3.0, 4.0] and math.isnan(xs[2]) and math.isnan(means[2])
+    assert band[:, 1].min() == pytest.approx(10.0) and band[:, 1].max() == pytest.approx(20.0)
+    # the transformer's seeds share one minute, 3 (seed 1's only evaluation): a point, drawn as one
+    transformer_time = by_time.get_lines()[2]
+    assert transformer_time.get_xydata().tolist() == [[3.0, (13.0 + 22.0) / 2]]
+    assert transformer_time.get_marker() == "o"
+    # one x in all: that point
     assert mean_curve([([3.0], [22.0]), ([3.0], [20.0])]) == ([3.0], [21.0], [20.0], [22.0])
     # a group of one run: its curve, no band
     fig = figure([runs[:3], runs[4:]], curves)
@@ -771,6 +774,245 @@ def test_the_figure_has_a_panel_per_axis_with_the_mean_and_band_of_each_group(se
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def in_memory_run(name, overrides, valid=None, test=None, attention=None):
+    """A ``Run`` without a folder: its config the model of ``overrides`` with ``attention`` (None:
+    no such key, a config from before it), their seed and trainer.lr; its results the validation
+    BLEU ``valid`` and the test BLEU ``test`` (chrF 20 above it)."""
+    from pathlib import Path
+
+    from comparison.runs import Run
+
+    values = dict(o.split("=", 1) for o in overrides)
+    model = {"name": values["model"], **({"attention": attention} if attention else {})}
+    config = {"model": model, "seed": int(values.get("seed", 1)), "trainer": {"lr": values.get("trainer.lr")}}
+    scores = {} if test is None else {SPLIT: {"bleu": test, "chrf": test + 20}}
+    results = {"model": model["name"], "valid": {"bleu": valid}, "test": scores}
+    return Run(Path(name), name, results, config, list(overrides))
+
+
+def test_the_mean_curve_covers_only_the_span_every_seed_has_data_for():
+    # seed b stops at 2 min on a low score and c starts at 1.5: a mean over the seeds that have a
+    # value would jump from (20 + 10 + 14) / 3 to (20 + 14) / 2 at 2 min, and at c's start
+    a = ([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0])
+    b = ([1.0, 2.0], [6.0, 10.0])
+    c = ([1.5, 2.5, 3.5], [11.0, 17.0, 23.0])
+    xs, means, lows, highs = mean_curve([a, b, c])
+    assert xs == [1.5, 2.0]  # from c's first evaluation to b's last
+    assert means == pytest.approx([(15.0 + 8.0 + 11.0) / 3, (20.0 + 10.0 + 14.0) / 3])
+    assert (lows, highs) == ([8.0, 10.0], [15.0, 20.0])
+    assert mean_curve([a, b]) == ([1.0, 2.0], [8.0, 15.0], [6.0, 10.0], [10.0, 20.0])
+    assert mean_curve([b, ([3.0, 4.0], [30.0, 34.0])]) == ([], [], [], [])  # no span in common
+
+
+def test_seeds_that_share_no_span_are_drawn_as_their_evaluations_and_said_so():
+    runs = [in_memory_run(f"r{seed}", ["model=rnn", f"seed={seed}"]) for seed in (1, 2)]
+    spans = [([1.0, 2.0], [10.0, 20.0]), ([3.0, 4.0], [30.0, 34.0])]
+    curves = {run.path: {"minutes": points, "epochs": points} for run, points in zip(runs, spans)}
+    fig = figure([runs], curves)
+    (dots,) = fig.axes[0].get_lines()
+    assert dots.get_label() == "rnn (2 seeds, no span they all reached)" and dots.get_linestyle() == "None"
+    assert len(fig.axes[0].collections) == 0 and "band" not in fig._suptitle.get_text()
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+# ----- the grid of architecture and attention -----
+# (architecture, attention or None for no override: the family's default) -> the words dropped from
+# every Nth position and the validation BLEU of seeds 1, 2, 3. On the test split the transformer is
+# far ahead of the rnn; on validation the rnn with scaled_dot leads: what chooses is validation.
+GRID = {
+    ("rnn", None): ((4, 5, 4), (30.0, 31.0, 32.0)),
+    ("rnn", "scaled_dot"): ((4, 5, 5), (40.0, 41.0, 42.0)),
+    ("transformer", "additive"): ((9, 10, 11), (35.0, 36.0, 37.0)),
+    ("transformer", None): ((12, 13, 14), (38.0, 36.0, 37.0)),
+}
+EXPLORATORY = [("general", 6), ("multihead", 7)]  # rnn, seed 1 only
+
+
+def grid_overrides(model, attention, seed):
+    return [f"model={model}", *([f"model.attention={attention}"] if attention else []), f"seed={seed}"]
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(refs, tmp_path_factory):
+    """``+experiment=attention_grid`` as the sweep writes it, the family defaults without their
+    override, and two exploratory rnn runs of one seed."""
+    folder = tmp_path_factory.mktemp("grid") / "multirun"
+    jobs = [
+        (grid_overrides(model, attention, seed), every, valid)
+        for (model, attention), (everies, valids) in GRID.items()
+        for seed, every, valid in zip((1, 2, 3), everies, valids)
+    ]
+    jobs += [(grid_overrides("rnn", attention, 1), every, 20.0) for attention, every in EXPLORATORY]
+    for number, (overrides, every, valid) in enumerate(jobs):
+        write_run(
+            sweep_job(folder, number, overrides),
+            drop_words(refs, every),
+            refs,
+            [*overrides, "data.root=/data/multi30k"],
+            curve=None,
+            valid={"loss": 3.0, "ppl": 20.1, "bleu": valid, "chrf": valid + 20, "step": 1},
+        )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def grid_report(grid_sweep):
+    code, out, err = compare(grid_sweep, "--bootstrap", 10, "--no-plot")
+    assert code == 0, err
+    return out
+
+
+def grid_scores(sweep, key):
+    """``{(architecture, attention): [test score of seeds 1, 2, 3]}`` from the runs' files."""
+    scores = {}
+    for folder in sorted(sweep.glob("*/results.json")):
+        run = read_run(folder.parent, folder.parent.name)
+        cell = (run.config["model"]["name"], run.config["model"]["attention"])
+        scores.setdefault(cell, []).append(run.results["test"][SPLIT][key])
+    return scores
+
+
+def test_the_attention_grid_experiment_sweeps_12_jobs_on_one_data_config():
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # how train.py -m splits a sweep
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from data.config import data_config
+    from training.config import model_config, trainer_config
+
+    from helpers import compose
+
+    base = ["+experiment=attention_grid", "data.root=/data/multi30k"]
+    cfg = compose(base, hydra_config=True)
+    assert cfg.hydra.sweep.dir.startswith("multirun/attention_grid/")
+    swept = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
+    (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(swept), None)
+    composed = [compose([*base, *job]) for job in jobs]
+    for c in composed:  # accepted as train.py reads them, before any data
+        model_config(c.model)
+        trainer_config(c.trainer)
+        data_config(c.data)
+    cells = [(c.model.name, c.model.attention, c.seed) for c in composed]
+    assert cells == list(itertools.product(("rnn", "transformer"), ("additive", "scaled_dot"), (1, 2, 3)))
+    for c in composed:  # today's default sizes and schedules: the trainer follows the model
+        default = compose([f"model={c.model.name}"])
+        assert OmegaConf.to_container(c.trainer) == OmegaConf.to_container(default.trainer)
+        default.model.attention = c.model.attention
+        assert OmegaConf.to_container(c.model) == OmegaConf.to_container(default.model)
+    assert len({OmegaConf.to_yaml(c.data) for c in composed}) == 1  # one SentencePiece model for all
+
+
+def test_a_run_without_model_attention_in_its_config_has_its_familys_default():
+    from comparison.grid import attention_of
+    from models.config import RNNConfig, TransformerConfig
+
+    assert attention_of(in_memory_run("a", ["model=rnn"], attention="general")) == "general"
+    old_rnn, old_transformer = (in_memory_run(m, [f"model={m}"]) for m in ("rnn", "transformer"))
+    assert (attention_of(old_rnn), attention_of(old_transformer)) == ("additive", "scaled_dot")
+    assert (RNNConfig.attention, TransformerConfig.attention) == ("additive", "scaled_dot")
+
+
+def test_the_grid_section_has_a_cell_per_architecture_and_attention_with_2_seeds_or_more(
+    grid_sweep, grid_report
+):
+    text = section(grid_report, "Architecture and attention")
+    tables = [rows(block) for block in text.split("\n\n") if block.startswith("| ")]
+    assert [head for head, *_ in tables] == [
+        [title, "additive", "scaled_dot"] for title in ("valid BLEU", f"{SPLIT} BLEU", f"{SPLIT} chrF")
+    ]
+    rnn_valid = format_mean_std(GRID[("rnn", None)][1])
+    assert tables[0][1:] == [
+        ["rnn", f"{rnn_valid} (3)", "41.00 ± 1.00 (3)"],
+        ["transformer", "36.00 ± 1.00 (3)", "37.00 ± 1.00 (3)"],
+    ]
+    for cells, key in zip(tables[1:], ("bleu", "chrf")):
+        scores = grid_scores(grid_sweep, key)
+        assert cells[1:] == [
+            [model, *(f"{format_mean_std(scores[(model, f)])} (3)" for f in ("additive", "scaled_dot"))]
+            for model in ("rnn", "transformer")
+        ]
+    # chosen on validation (the rnn with scaled_dot), though the transformer's test scores are higher
+    choice = "Highest mean validation BLEU: rnn with scaled_dot (41.00). Choices are made on validation only"
+    assert choice in text
+    # the exploratory runs of one seed: in the seeds' table, not in the grid
+    seeds = {row[0]: row[1] for row in table(grid_report, "Seeds")}
+    assert seeds["rnn model.attention=general"] == seeds["rnn model.attention=multihead"] == "1"
+    assert "general" not in text and "multihead" not in text
+
+
+# (the heading of the verdicts, where, the cell against which, the cell)
+COMPARISONS = [
+    ("The attention function within each architecture", f"in {m}", (m, "additive"), (m, "scaled_dot"))
+    for m in ("rnn", "transformer")
+] + [
+    ("The architecture within each attention function", f"with {f} attention", ("rnn", f), ("transformer", f))
+    for f in ("additive", "scaled_dot")
+]
+
+
+def test_the_grid_verdicts_are_the_tests_across_seeds_of_the_cells_per_seed_scores(grid_sweep, grid_report):
+    text = section(grid_report, "Architecture and attention")
+    bullets = {
+        heading: [line for line in block.splitlines() if line.startswith("- ")]
+        for heading, block in zip(text.split("**")[1::2], text.split("**")[2::2])
+    }
+    assert list(bullets) == [COMPARISONS[0][0], COMPARISONS[2][0]]
+    shown = set()
+    for metric, key in (("BLEU", "bleu"), ("chrF", "chrf")):
+        scores = grid_scores(grid_sweep, key)
+        for heading, where, base, other in COMPARISONS:
+            factor = 0 if base[0] != other[0] else 1  # the one that differs
+            a, b = scores[base], scores[other]
+            welch, permutation = welch_t_test(a, b)[2], permutation_test(a, b)[0]
+            diff = statistics.fmean(b) - statistics.fmean(a)
+            leader = other[factor] if diff > 0 else base[factor]
+            what = (
+                f"{leader}'s mean is higher across seeds (Welch p < 0.05)"
+                if welch < 0.05
+                else "no difference shown with 3 seeds"
+            )
+            line = (
+                f"- {metric} {where}: {other[factor]} - {base[factor]}: {diff:+.2f} {metric} (mean over 3 "
+                f"seeds); Welch p = {format_p(welch)}, permutation p = {format_p(permutation)}: {what}."
+            )
+            assert line in bullets[heading]
+            shown.add(welch < 0.05)
+    assert shown == {True, False}  # the fake grid has both kinds of verdict
+    assert [len(lines) for lines in bullets.values()] == [4, 4]  # 2 comparisons each, 2 metrics
+
+
+def test_no_grid_section_for_runs_that_do_not_cross_architecture_and_attention(report, seeds_report):
+    # rnn and transformer each with its default attention: the architecture is all that differs
+    for out in (report[0], seeds_report):
+        assert "Significance across seeds" in out and "Architecture and attention" not in out
+    from comparison.grid import grid_section
+    from comparison.runs import groups_of
+
+    def runs(*cells):
+        return [
+            in_memory_run(
+                f"{n}-{seed}",
+                [f"model={m}", f"seed={seed}", *extra],
+                valid=30.0,
+                test=20.0 + seed,
+                attention=f,
+            )
+            for n, (m, f, extra) in enumerate(cells)
+            for seed in (1, 2)
+        ]
+
+    grid = [("rnn", "additive", []), ("rnn", "scaled_dot", []), ("transformer", "additive", [])]
+    assert grid_section(groups_of(runs(*grid)), [SPLIT]) == []  # three cells: no 2 x 2
+    full = runs(*grid, ("transformer", "scaled_dot", []))
+    assert "## Architecture and attention" in grid_section(groups_of(full), [SPLIT])
+    # a cell of two configurations (another learning rate too): not a grid of these two factors
+    crowded = groups_of(full + runs(("rnn", "additive", ["trainer.lr=0.001"])))
+    lines = grid_section(crowded, [SPLIT])
+    assert lines[-1].startswith("No grid: rnn with additive attention is 2 configurations with 2+ seeds (")
 
 
 @pytest.mark.slow

@@ -485,8 +485,9 @@ def test_tb_images_lists_and_exports_the_images_of_a_run(real_runs):
 def test_bench_attention_times_a_small_grid(real_runs):
     done, _ = real_runs["bench_attention"]
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| cpu |")]
-    assert len(rows) == 1 and rows[0].startswith("| cpu | 32 | 16 |")
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| cpu | 32 | 16 |")]
+    functions = [row.split("|")[4].strip() for row in rows]
+    assert functions == ["additive", "general", "scaled_dot", "multihead", "multihead weights", "multihead additive"]
 
 
 # ----- make -----

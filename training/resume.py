@@ -6,6 +6,7 @@ restored exactly said once."""
 import logging
 import random
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -14,6 +15,7 @@ from torch import nn
 
 from common.checkpoint import CheckpointError
 from common.settings import NOT_SETTINGS, flatten
+from models.config import config_from_dict
 from models.seq2seq import map_state
 from training.distributed import World
 
@@ -56,7 +58,9 @@ def check_resumable(
             f"checkpoint {path} holds weights only (an average, ema.pt or average.pt): it translates but does not "
             "resume; resume from last.pt"
         )
-    changed = config_changes(payload["model_config"], model_config)
+    # both with every key (a checkpoint older than a model key holds that key's default)
+    saved, now = (asdict(config_from_dict(values)) for values in (payload["model_config"], model_config))
+    changed = config_changes(saved, now)
     if changed:
         raise CheckpointError(
             f"checkpoint {path} was trained with another model config: {changed}; resume with the same model.* settings"

@@ -1,0 +1,161 @@
+"""Two factors crossed: the architecture (the ``model`` group) and the attention function
+(``model.attention``), as ``conf/experiment/attention_grid.yaml`` sweeps them. When the groups of
+2+ seeds fill a 2 x 2 of them, the report's section: per cell the mean ± std over the seeds, and
+each factor's effect within each level of the other, tested across seeds (significance.py).
+"""
+
+import itertools
+import statistics
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from comparison.formats import format_mean_std
+from comparison.runs import Run, group_labels, seed_scores
+from comparison.significance import METRICS, seeds_verdict
+from models.config import FAMILIES  # plain dataclasses: no torch
+
+Cell = Tuple[str, str]  # (architecture, attention)
+
+
+def attention_of(run: Run) -> str:
+    """``model.attention`` of the run's config; a config without it (a run from before the key):
+    its family's default (``RNNConfig``, ``TransformerConfig``)."""
+    model = (run.config or {}).get("model") or {}
+    return model.get("attention") or FAMILIES[model.get("name", run.results["model"])].attention
+
+
+def cell_of(run: Run) -> Cell:
+    """The architecture (the ``model`` group chosen, as the tables name it) and the attention."""
+    return run.model_name(), attention_of(run)
+
+
+def grid_cells(groups: Sequence[List[Run]]) -> Dict[Cell, List[List[Run]]]:
+    """The groups of 2+ seeds by their cell, in the order of their first run (one group a cell in a
+    grid; more when something else differs too)."""
+    cells: Dict[Cell, List[List[Run]]] = {}
+    for group in groups:
+        if len(group) > 1:
+            cells.setdefault(cell_of(group[0]), []).append(group)
+    return cells
+
+
+def crossed(cells: Sequence[Cell]) -> bool:
+    """Whether two architectures share two attention functions: a 2 x 2 of cells, where each
+    factor's effect can be seen within a level of the other."""
+    by_architecture: Dict[str, set] = {}
+    for architecture, attention in cells:
+        by_architecture.setdefault(architecture, set()).add(attention)
+    return any(len(x & y) >= 2 for x, y in itertools.combinations(by_architecture.values(), 2))
+
+
+def levels(cells: Sequence[Cell], factor: int) -> List[str]:
+    """The values of one factor (0: architecture, 1: attention) in the cells' order."""
+    return list(dict.fromkeys(cell[factor] for cell in cells))
+
+
+def grid_table(values: Dict[Cell, List[float]], title: str) -> List[str]:
+    """Rows: architectures; columns: attention functions; a cell: mean ± std of its ``values``
+    (their number in brackets), – for none or no such cell."""
+    columns = levels(list(values), 1)
+    lines = [
+        f"| {title} | " + " | ".join(columns) + " |",
+        "| --- | " + " | ".join(["---:"] * len(columns)) + " |",
+    ]
+    for architecture in levels(list(values), 0):
+        cells = [architecture]
+        for attention in columns:
+            found = values.get((architecture, attention))
+            cells.append(f"{format_mean_std(found)} ({len(found)})" if found else "–")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def valid_bleu(runs: Sequence[Run]) -> List[float]:
+    """The validation BLEU of each run that has one (a run stopped before its first evaluation has none)."""
+    return [bleu for run in runs if (bleu := run.results["valid"].get("bleu")) is not None]
+
+
+def valid_choice(values: Dict[Cell, List[float]]) -> str:
+    """The cell with the highest mean validation BLEU: the grid's choice, made on validation only."""
+    means = {cell: statistics.fmean(found) for cell, found in values.items() if found}
+    if not means:
+        return "No run has a validation BLEU: nothing to choose."
+    best = max(means, key=means.get)  # the first of equal means, in the cells' order
+    return (
+        f"Highest mean validation BLEU: {best[0]} with {best[1]} ({means[best]:.2f}). Choices are made "
+        "on validation only: the test scores below are reported, not ranked."
+    )
+
+
+def effects(grid: Dict[Cell, List[Run]], split: str, factor: int) -> List[str]:
+    """The effect of one factor (0: architecture, 1: attention) within each level of the other, on
+    ``split``: every cell of that level against its first (in the tables' order), per metric,
+    ``seeds_verdict``'s sentence (a level with one cell: nothing to compare)."""
+    fixed, lines = 1 - factor, []
+    for level in levels(list(grid), fixed):
+        row = line_of(grid, factor, level)
+        where = f"in {level}" if factor == 1 else f"with {level} attention"
+        if len(row) < 2:
+            lines.append(f"- Nothing to compare {where}: {row[0][factor]} only.")
+            continue
+        for cell in row[1:]:
+            labels = (row[0][factor], cell[factor])
+            for metric, key in METRICS:
+                a, b = seed_scores(grid[row[0]], split, key), seed_scores(grid[cell], split, key)
+                lines.append(f"- {metric} {where}: {seeds_verdict(labels, metric, split, a, b)[1]}")
+    return lines
+
+
+def line_of(grid: Dict[Cell, List[Run]], factor: int, level: str) -> List[Cell]:
+    """The cells where the other factor is ``level``: a row of the tables (``factor`` 1, the
+    attention varies) or a column (``factor`` 0), in the tables' order."""
+    cells = [(level, v) if factor == 1 else (v, level) for v in levels(list(grid), factor)]
+    return [cell for cell in cells if cell in grid]
+
+
+def not_a_grid(groups: Sequence[List[Run]], cells: Dict[Cell, List[List[Run]]]) -> Optional[str]:
+    """Why the groups of 2+ seeds are no grid of the two factors (a cell holds several
+    configurations: something else differs too), None when they are one."""
+    crowded = [(cell, found) for cell, found in cells.items() if len(found) > 1]
+    if not crowded:
+        return None
+    label = dict(zip(map(id, groups), group_labels(groups)))
+    (architecture, attention), found = crowded[0]
+    names = ", ".join(f"`{label[id(g)]}`" for g in found)
+    return (
+        f"No grid: {architecture} with {attention} attention is {len(found)} configurations with 2+ "
+        f"seeds ({names}); the architecture and the attention are not all that differs between them."
+    )
+
+
+def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]:
+    """``## Architecture and attention`` (empty unless the groups of 2+ seeds cross the factors)."""
+    cells = grid_cells(groups)
+    if not crossed(list(cells)):
+        return []
+    lines = ["", "## Architecture and attention", ""]
+    why = not_a_grid(groups, cells)
+    if why is not None:
+        return lines + [why]
+    grid = {cell: found[0] for cell, found in cells.items()}
+    defaults = ", ".join(f"{name} {family.attention}" for name, family in FAMILIES.items())
+    lines.append(
+        "The runs cross two factors: the architecture (the `model` group) and the attention function "
+        f"(`model.attention` in each run's config; without it, its family's default: {defaults}). A "
+        "cell is a configuration with 2+ seeds: mean ± standard deviation over its seeds (their number "
+        "in brackets); configurations with one seed are in the tables above only. Each factor is "
+        "tested within each level of the other, every cell against the first of its row or column, "
+        "with the tests across seeds above (the verdict is Welch's; no seed pairs)."
+    )
+    valid = {cell: valid_bleu(runs) for cell, runs in grid.items()}
+    lines += ["", *grid_table(valid, "valid BLEU"), "", valid_choice(valid)]
+    for split in splits:
+        lines += ["", f"### {split}"]
+        for metric, key in METRICS:
+            scores = {cell: seed_scores(runs, split, key) for cell, runs in grid.items()}
+            lines += ["", *grid_table(scores, f"{split} {metric}")]
+        for factor, title in (
+            (1, "attention function within each architecture"),
+            (0, "architecture within each attention function"),
+        ):
+            lines += ["", f"**The {title}**", "", *effects(grid, split, factor)]
+    return lines
