@@ -5,47 +5,43 @@ go to standard output or ``--output FILE``, one a line in the input order (an em
 empty line). On a terminal with no sentences given, it prompts and translates line by line.
 Within the tool, sentences are sorted by length and decoded ``--batch-size`` at a time.
 
-- ``--beam N`` (default 5; 1 is greedy) with the length penalty ``--alpha`` (GNMT; default: the
-  one the run was tested with, ``trainer.length_penalty``, else 1.0).
+- ``--beam N`` (default 5; 1 is greedy) with the GNMT length penalty ``--alpha`` (default: the
+  run's ``trainer.length_penalty``, else 1.0).
 - ``--nbest N``: ``N`` lines ``index ||| hypothesis ||| score`` per sentence (index from 0, score the
   length-normalised log-probability), best first.
 - ``--alignments``: a tab, then Pharaoh word alignments ``i-j`` (source word ``i``, output word
-  ``j``, from 0) after each translation. They come from the attention while the model produces its
-  output: the RNN's additive attention, or the Transformer's last decoder layer's cross-attention
-  averaged over its heads. Subword weights are summed into words and every output word is aligned
-  to its most-attended source word (``inference/alignment.py``).
-- ``--plot DIR``: one PNG heatmap of that word attention per sentence, words on the axes.
-- ``--checkpoint A.pt --checkpoint B.pt``: an ensemble. At every step the search scores tokens by
-  the mean of the models' log-probabilities, each model with its own decoder state; the models
-  may be of both families but must share their SentencePiece model (the runs of one sweep do),
-  else one ``error:`` line. ``--alpha`` defaults to the mean of the runs' length penalties and
-  ``--alignments`` come from the models' source attention averaged.
-- ``--engine ctranslate2 --checkpoint EXPORT_DIR``: decode with CTranslate2 (C++, int8 on CPU) over
-  a folder of ``scripts/export_ctranslate2.py`` instead of our own search over a checkpoint; the
-  options and outputs are the same, but for ensembles and ``--dtype`` (``inference/ctranslate2_engine.py``
-  says what it keeps equal).
-  ``--threads N`` sets the CPU threads of either engine.
+  ``j``, from 0) after each translation, from the attention while the model produces its output
+  (the RNN's, the Transformer's last cross-attention layer averaged over heads), summed into words
+  (``inference/alignment.py``). ``--plot DIR``: one PNG heatmap of it per sentence.
+- ``--checkpoint A.pt --checkpoint B.pt``: an ensemble (``models/ensemble.py``: the mean of the
+  models' log-probabilities, each model with its own decoder state) of models that share their
+  SentencePiece model, else one ``error:`` line; ``--alpha`` defaults to the runs' mean.
+- ``--engine ctranslate2 --checkpoint EXPORT_DIR``: decode with CTranslate2 over a folder of
+  ``scripts/export_ctranslate2.py``, with the same options and outputs but for ensembles and
+  ``--dtype`` (``inference/ctranslate2_engine.py``). ``--threads N``: the CPU threads of either engine.
 
 Bad input (missing or foreign checkpoint, bad option, unreadable file) prints one ``error:`` line
-on standard error and exits with 1 (2 for a bad command line). Heavy libraries are imported only
-after the command line has been checked, so mistakes are reported at once.
+on standard error and exits with 1 (2 for a bad command line). Torch and the models are imported
+only after the command line has been checked, so mistakes are reported at once.
 
-A thin command line over ``inference.translator.Translator`` (the Python API): this file reads the
-input, formats the output and reports errors.
+A thin command line over ``inference.translator.Translator`` (the Python API) and
+``inference/command_line.py`` (model paths, input, output file, plots, warnings): this file parses
+and checks the arguments, runs the loop and turns errors into exit codes.
 """
 
 import argparse
-import logging
 import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
-from data.errors import DataError  # no torch: data/errors.py imports nothing
-from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, option_problem  # no torch either
+# None of these imports torch: the command line is checked before torch and the models load.
+from data.errors import DataError
+from inference.command_line import Output, UsageError, check_model_path, read_input, show_warnings
+from inference.ctranslate2_export import ExportError
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, SearchOptionError, SearchOptions
 
-if TYPE_CHECKING:  # imported for real after the command line is checked (they need torch)
-    from inference.translator import Translation, Translator
+if TYPE_CHECKING:  # imported for real once the command line is checked (they need torch)
+    from inference.translator import Translator
 
 # The names of models/search_options.py's options on this command line.
 OPTION_FLAGS = {
@@ -54,10 +50,6 @@ OPTION_FLAGS = {
     "alpha": "--alpha",
     "max_len_ratio": "--max-len-ratio",
 }
-
-
-class UsageError(Exception):
-    """A bad command line or input: reported as one ``error:`` line."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -133,17 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     """Range and consistency checks that need no heavy import; raises ``UsageError``."""
-    given = dict(
-        beam_size=args.beam,
-        nbest=args.nbest or 1,
-        alpha=args.alpha or 0.0,
-        max_len_ratio=args.max_len_ratio,
-        max_len_extra=args.max_len_extra,
-    )
-    problem = option_problem(**given)
-    if problem is not None:
-        name, what = problem
-        raise UsageError(f"{OPTION_FLAGS[name]} {given[name]}: {what}")
+    try:
+        SearchOptions(
+            beam_size=args.beam,
+            alpha=args.alpha or 0.0,  # None: the run's, which the Translator checks once it is loaded
+            nbest=args.nbest or 1,
+            max_len_ratio=args.max_len_ratio,
+            max_len_extra=args.max_len_extra,
+        )
+    except SearchOptionError as error:
+        raise UsageError(f"{OPTION_FLAGS[error.name]} {error.value}: {error.problem}") from None
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
     if args.sentences and args.input:
@@ -164,39 +155,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"input file {args.input} does not exist")
 
 
-def check_model_path(path: Path, engine: str) -> None:
-    """A checkpoint file for the torch engine, an export folder for CTranslate2; ``UsageError`` else."""
-    if not path.exists():
-        raise UsageError(f"checkpoint {path} does not exist")
-    if engine == "torch" and path.is_dir():
-        from inference.ctranslate2_export import INFO_FILE  # no torch
-
-        hint = (
-            "a CTranslate2 export: add --engine ctranslate2" if (path / INFO_FILE).is_file() else "a folder"
-        )
-        raise UsageError(f"checkpoint {path} is {hint} (the torch engine takes a .pt file)")
-    if engine == "ctranslate2" and not path.is_dir():
-        raise UsageError(
-            f"--engine ctranslate2 takes an export folder, not {path}: make one with "
-            f"python scripts/export_ctranslate2.py {path} OUT_DIR"
-        )
-
-
-def load_translator(args: argparse.Namespace) -> "Translator":
-    """The Translator of ``--checkpoint`` (several: an ensemble) on ``--device`` with ``--threads``, by
-    ``--engine``."""
-    if args.engine == "ctranslate2":
-        from inference.ctranslate2_engine import load_translator as load_export
-
-        return load_export(args.checkpoint[0], args.device, args.threads)
-    from common.device import pick_device, set_threads
-    from inference.translator import Translator
-
-    if args.threads:
-        set_threads(pick_device(args.device), args.threads)
-    return Translator.from_checkpoints(args.checkpoint, args.device, args.dtype)
-
-
 def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
     """The keyword arguments of ``Translator.translate`` the command line sets."""
     return dict(
@@ -210,118 +168,7 @@ def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
     )
 
 
-def read_input(args: argparse.Namespace) -> List[str]:
-    """The sentences: the arguments, else the lines of ``--input FILE``, else of standard input."""
-    from data.corpus import decode_lines
-
-    if args.sentences:
-        return list(args.sentences)
-    if not args.input:
-        return decode_lines(sys.stdin.buffer.read(), "standard input")
-    try:
-        raw = Path(args.input).read_bytes()
-    except OSError as error:
-        raise UsageError(f"cannot read input file {args.input}: {error.strerror}") from None
-    return decode_lines(raw, f"input file {args.input}")
-
-
-# the loggers whose warnings a user of translate.py sees: over-long inputs, a device fallen back to the CPU
-WARNING_LOGGERS = ("inference.translator", "common.device", "inference.ctranslate2_engine")
-
-
-@contextmanager
-def show_warnings() -> Iterator[None]:
-    """While inside, the warnings of ``WARNING_LOGGERS`` are ``warning: ...`` lines on standard
-    error and go nowhere else; the loggers are as they were afterwards, so ``main`` leaves no trace
-    in a process that calls it."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("warning: %(message)s"))
-    loggers = [logging.getLogger(name) for name in WARNING_LOGGERS]
-    propagate = [logger.propagate for logger in loggers]
-    for logger in loggers:
-        logger.addHandler(handler)
-        logger.propagate = False
-    try:
-        yield
-    finally:
-        for logger, before in zip(loggers, propagate):
-            logger.removeHandler(handler)
-            logger.propagate = before
-
-
-def format_lines(index: int, source: str, result: "Translation", nbest: bool, alignments: bool) -> List[str]:
-    """Output lines of input sentence ``index``, ``source``, translated as ``result`` (a ``Translation``).
-
-    With ``alignments`` every line is 'translation, tab, pairs', also for an empty translation; only a
-    blank input line stays an empty line (without ``nbest``).
-    """
-    from inference.alignment import pharaoh
-    from inference.translator import is_blank
-
-    lines = []
-    for t in result.nbest if nbest else [result]:
-        line = f"{index} ||| {t.text} ||| {t.score:.4f}" if nbest else t.text
-        if alignments and (nbest or not is_blank(source)):
-            line += "\t" + pharaoh(t.alignment or [])
-        lines.append(line)
-    return lines
-
-
-def write_plots(folder: Path, results: List["Translation"], first_index: int = 0) -> None:
-    """One heatmap per sentence: ``<index>.png``, output words by source words, the best hypothesis."""
-    import matplotlib.pyplot as plt
-
-    from inference.figures import attention_figure
-
-    folder.mkdir(parents=True, exist_ok=True)
-    width = max(4, len(str(first_index + len(results))))
-    for offset, best in enumerate(results):
-        if best.words is None or not best.out_words:
-            continue
-        index = first_index + offset
-        title = f"sentence {index}: word attention (output x source)"
-        fig = attention_figure(
-            best.words, best.src_words, best.out_words, title, "source", "output", card_px=None
-        )  # a file of its own: as wide as every source word's label needs
-        fig.savefig(folder / f"{index:0{width}d}.png")
-        plt.close(fig)
-
-
-class OutputFile:
-    """``--output FILE`` written through a temporary file in the same folder and renamed at the end,
-    so a failed run leaves an earlier FILE as it was; standard output otherwise."""
-
-    def __init__(self, path: Optional[str]):
-        self.file = None
-        if not path:
-            self.stream = sys.stdout
-            return
-        if Path(path).is_dir():
-            raise UsageError(f"--output {path} is a folder, not a file")
-        from common.files import AtomicFile
-
-        try:
-            self.file = AtomicFile(Path(path))
-        except OSError as error:
-            raise UsageError(f"cannot write --output {path}: {error.strerror}") from None
-        self.stream = self.file.stream
-
-    def write_lines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.stream.write(line + "\n")
-
-    def commit(self) -> None:
-        self.stream.flush()
-        if self.file is not None:
-            self.file.commit()
-
-    def discard(self) -> None:
-        if self.file is not None:
-            self.file.discard()
-
-
-def interactive(translator: "Translator", out: OutputFile, args: argparse.Namespace) -> None:
+def interactive(translator: "Translator", out: Output, args: argparse.Namespace) -> None:
     """A prompt on the terminal: each line entered is translated at once; Ctrl-D ends."""
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
     index = 0
@@ -333,49 +180,39 @@ def interactive(translator: "Translator", out: OutputFile, args: argparse.Namesp
             return
         line = line.rstrip("\r\n")
         results = translator.translate([line], first_line=index + 1, **translate_options(args))
-        out.write_lines(format_lines(index, line, results[0], args.nbest is not None, args.alignments))
-        out.stream.flush()
-        if args.plot:
-            write_plots(Path(args.plot), results, index)
+        out.write(index, [line], results)
         index += 1
 
 
-def translate_all(translator: "Translator", out: OutputFile, args: argparse.Namespace) -> None:
+def translate_all(translator: "Translator", out: Output, args: argparse.Namespace) -> None:
     """Every input line (the arguments, the input file or piped standard input) into ``out``."""
-    lines = read_input(args)
-    results = translator.translate(lines, **translate_options(args))
-    for index, (line, result) in enumerate(zip(lines, results)):
-        out.write_lines(format_lines(index, line, result, args.nbest is not None, args.alignments))
-    if args.plot:
-        write_plots(Path(args.plot), results)
-
-
-def run(args: argparse.Namespace) -> None:
-    out = OutputFile(args.output)
-    try:
-        with show_warnings():
-            translator = load_translator(args)
-            if not args.sentences and not args.input and sys.stdin.isatty():
-                interactive(translator, out, args)
-            else:
-                translate_all(translator, out, args)
-        out.commit()
-    finally:
-        out.discard()
+    lines = read_input(args.sentences, args.input)
+    out.write(0, lines, translator.translate(lines, **translate_options(args)))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_args(args)
+        # The one deferred import: torch and the models load only once the command line is known to be good.
         from common.checkpoint import CheckpointError
-        from inference.ctranslate2_export import ExportError
+        from inference.translator import Translator
 
         try:
-            run(args)
-        except (CheckpointError, ExportError) as error:
+            with (
+                Output(args.output, args.nbest is not None, args.alignments, args.plot) as out,
+                show_warnings(),
+            ):
+                translator = Translator.for_engine(
+                    args.engine, args.checkpoint, args.device, args.dtype, args.threads
+                )
+                if not args.sentences and not args.input and sys.stdin.isatty():
+                    interactive(translator, out, args)
+                else:
+                    translate_all(translator, out, args)
+        except CheckpointError as error:
             raise UsageError(str(error)) from None
-    except (UsageError, DataError, ValueError) as error:
+    except (UsageError, DataError, ValueError, ExportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # e.g. piped into `head`

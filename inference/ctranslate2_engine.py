@@ -10,10 +10,11 @@ the same ``Hypothesis`` lists, so tokenizing, batching, long inputs, n-best list
 alignments are the Translator's, as for a checkpoint. Kept as in our own search:
 
 - the output never holds ``<pad>`` or ``<s>`` (suppressed), and may be empty (EOS first);
-- the length limit of each sentence (``max_len_ratio`` x its source tokens + ``max_len_extra``,
-  at most the model's ``max_positions``). A batch decodes up to its longest limit; a sentence whose
-  output ran past its own limit is decoded again alone with that limit (greedy output is then
-  exactly ours; a beam that went past the limit and came back with shorter outputs only is kept);
+- the length limit of each sentence (``SearchOptions.output_limit``: ``max_len_ratio`` x its
+  source tokens + ``max_len_extra``, at most the model's ``max_positions``). A batch decodes up to
+  its longest limit; a sentence whose output ran past its own limit is decoded again alone with
+  that limit (greedy output is then exactly ours; a beam that went past the limit and came back
+  with shorter outputs only is kept);
 - the GNMT length penalty ``((5 + |y|) / 6) ** alpha`` ranks the beam. The engine's own penalty is
   ``|y| ** alpha``, so it runs with none (raw log-probabilities) and returns its ``K`` best, which
   are ranked here with ours. Its beam stops on its own rule (once the best hypothesis and ``K`` in
@@ -38,7 +39,7 @@ from data.tokenizer import Tokenizer
 from inference.ctranslate2_export import ExportError, read_export, spm_files
 from inference.translator import Translator
 from models.search import Hypothesis, length_penalty
-from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, output_limit
+from models.search_options import SearchOptions
 
 log = logging.getLogger(__name__)
 
@@ -177,27 +178,20 @@ class CTranslate2Engine:
             found.append(Hypothesis(tokens, score, attention, finished=finished))
         return sorted(found, key=lambda hyp: hyp.score, reverse=True)
 
-    def decode(
-        self,
-        batch: List[List[int]],
-        beam_size: int = 1,
-        alpha: float = 1.0,
-        nbest: int = 1,
-        need_weights: bool = False,
-        max_len_ratio: float = MAX_LEN_RATIO,
-        max_len_extra: int = MAX_LEN_EXTRA,
-    ) -> List[List[Hypothesis]]:
-        """The ``nbest`` best hypotheses of each source id list of ``batch`` (EOS included)."""
-        limits = [output_limit(len(ids), max_len_ratio, max_len_extra, self.max_positions) for ids in batch]
+    def decode(self, batch: List[List[int]], options: SearchOptions) -> List[List[Hypothesis]]:
+        """The ``options.nbest`` best hypotheses of each source id list of ``batch`` (EOS included)."""
+        beam, need_weights = options.beam_size, options.need_weights
+        limits = [options.output_limit(len(ids), self.max_positions) for ids in batch]
         longest = max(limits)
-        results = self.run(batch, longest, beam_size, need_weights)
+        results = self.run(batch, longest, beam, need_weights)
         for i, (ids, limit) in enumerate(zip(batch, limits)):
             if limit < longest and any(ran_past(pieces, limit) for pieces in results[i].hypotheses):
-                results[i] = self.run([ids], limit, beam_size, need_weights)[0]  # ran past its own limit
+                results[i] = self.run([ids], limit, beam, need_weights)[0]  # ran past its own limit
         found = [
-            self.hypotheses(result, len(ids), beam_size, alpha)[:nbest] for result, ids in zip(results, batch)
+            self.hypotheses(result, len(ids), beam, options.alpha)[: options.nbest]
+            for result, ids in zip(results, batch)
         ]
-        if need_weights and beam_size > 1:
+        if need_weights and beam > 1:
             self.mend_first_attention(batch, found)
         return found
 

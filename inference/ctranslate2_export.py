@@ -31,13 +31,19 @@ class ExportError(Exception):
 def export_problem(model_config: Dict[str, Any]) -> Optional[str]:
     """Why a model of ``model_config`` (a checkpoint's ``model_config``) cannot run in CTranslate2, or None.
 
-    Every Transformer of ``models/transformer.py`` can (both norms, both position kinds, tied or
-    not, joint or separate vocabularies); a config it could not build is refused by ``load_model``."""
+    Every Transformer of ``models/transformer.py`` with scaled dot-product attention can (both
+    norms, both position kinds, tied or not, joint or separate vocabularies); a config it could not
+    build is refused by ``load_model``."""
     name = model_config.get("name")
     if name == "rnn":
         return "model rnn: CTranslate2 runs Transformers only, not RNN encoder-decoders (translate it with translate.py)"
     if name != "transformer":
         return f"model {name!r}: only a transformer can be exported"
+    if model_config.get("attention", "scaled_dot") != "scaled_dot":
+        return (
+            f"model.attention={model_config['attention']}: CTranslate2's Transformer has scaled dot-product "
+            "attention only (translate it with translate.py)"
+        )
     return None
 
 

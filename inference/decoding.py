@@ -1,5 +1,6 @@
-"""Decoding whole splits: length-sorted batches, the source mask, the best hypothesis of every
-sentence by beam or greedy search, its text, and the attention a model gives its own outputs."""
+"""Decoding whole splits: length-sorted batches, the best hypothesis of every sentence by beam or
+greedy search, its text (the Translator's ``detokenize``, so a split's text is ``translate.py``'s),
+and the attention a model gives its own outputs."""
 
 from contextlib import nullcontext
 from typing import Dict, Iterator, List, Tuple
@@ -10,9 +11,9 @@ from torch import nn
 from data.batching import Batch, ParallelDataset, TokenBucketSampler, pad
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
-from models.masks import padding_mask_from_ids
-from models.search import Hypothesis, check_search_options, run_search
-from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
+from inference.translator import detokenize
+from models.search import Hypothesis, search
+from models.search_options import SearchOptions
 
 
 def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Batch]:
@@ -20,17 +21,6 @@ def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Bat
     sampler = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), batch_tokens, shuffle=False)
     for indices in sampler:
         yield dataset.batch(indices)
-
-
-def source_mask(src: torch.Tensor) -> torch.Tensor:
-    """The padding mask of source ids ``(B, S)`` padded with PAD, True at real tokens: built from the
-    ids (no host sync, on any device). The one source mask of training, evaluation and translation."""
-    return padding_mask_from_ids(src, PAD_ID)  # (B, S)
-
-
-def src_mask_of(batch: Batch) -> torch.Tensor:
-    """``source_mask`` of ``batch``'s source ids."""
-    return source_mask(batch.src)  # (B, S)
 
 
 @torch.no_grad()
@@ -43,16 +33,17 @@ def decode_ids(
     alpha: float = 1.0,
     autocast=nullcontext,
 ) -> List[Hypothesis]:
-    """The best hypothesis of every source sentence, in the split's order (greedy when ``beam_size`` is 1)."""
-    check_search_options(beam_size, alpha, 1, None, MAX_LEN_RATIO, MAX_LEN_EXTRA)  # once, not per batch
+    """The best hypothesis of every source sentence, in the split's order (greedy when ``beam_size`` is 1).
+    A ``beam_size`` or ``alpha`` out of range is a ``ValueError`` before anything is decoded."""
+    # Greedy search has no length penalty: a run's (unused) trainer.length_penalty is not checked then.
+    options = SearchOptions(beam_size=beam_size, alpha=alpha if beam_size > 1 else 0.0)
     model.eval()
     results: List[Hypothesis] = [None] * len(dataset)  # type: ignore[list-item]
     # Beam search runs K hypotheses per sentence: keep the batch's memory about the same.
     for batch in ordered_batches(dataset, max(batch_tokens // max(beam_size, 1), 64)):
         batch = batch.to(device)
         with autocast():
-            src_mask = src_mask_of(batch)  # (B, S)
-            found = run_search(model, batch.src, src_mask, BOS_ID, EOS_ID, beam_size, alpha, pad_id=PAD_ID)
+            found = search(model, batch.src, batch.src_mask, BOS_ID, EOS_ID, options, pad_id=PAD_ID)
         for index, hyps in zip(batch.indices.tolist(), found):
             results[index] = hyps[0]
     return results
@@ -73,14 +64,9 @@ def output_attention(
     out_ids = [(h.tokens + ([EOS_ID] if h.finished else [])) or [EOS_ID] for h in found]
     tgt_in = pad([[BOS_ID] + ids[:-1] for ids in out_ids], PAD_ID).to(device)  # (B, T)
     model.eval()
-    _, attention = model(batch.src, src_mask_of(batch), tgt_in, need_weights=True)
+    _, attention = model(batch.src, batch.src_mask, tgt_in, need_weights=True)
     src_ids = [dataset.src[i] + [EOS_ID] for i in range(n)]
     return attention, src_ids, out_ids
-
-
-def detokenize(tokenizer: Tokenizer, hyps: List[Hypothesis]) -> List[str]:
-    """Text of each hypothesis, on one line (a decoded line-break byte would shift a .hyp file)."""
-    return [" ".join(text.splitlines()) for text in tokenizer.decode_tgt([h.tokens for h in hyps])]
 
 
 def translate_split(

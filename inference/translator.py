@@ -10,10 +10,12 @@ Several checkpoints of one vocabulary decode as an ensemble (``models.ensemble``
 
     translator = Translator.from_checkpoints([rnn_checkpoint, transformer_checkpoint])
 
-``translate`` returns one ``Translation`` per sentence, in the input order. Sentences are sorted by
+``translate`` returns one ``Translation`` per sentence, in the input order; a bad option raises
+``ValueError`` at once (``models.search_options.SearchOptions`` checks them). Sentences are sorted by
 length and decoded ``batch_size`` at a time by the translator's engine: ``models.search.search``
 over a checkpoint's model (greedy for a beam of 1), or CTranslate2 over an export
-(``inference.ctranslate2_engine.load_translator``).
+(``inference.ctranslate2_engine.load_translator``; ``Translator.for_engine`` picks either by name,
+as ``translate.py --engine`` does). ``Translation.lines`` is a result as ``translate.py`` prints it.
 A blank sentence gives an empty translation (score 0) without decoding. A sentence longer than the
 model takes is cut, with a warning on the logger ``inference.translator``.
 """
@@ -27,16 +29,15 @@ import torch
 from torch import Tensor, nn
 
 from common.checkpoint import CheckpointError
-from common.device import decode_precision, pick_device, precision_name, use_precision
-from data.batching import pad
+from common.device import decode_precision, pick_device, precision_name, set_threads, use_precision
+from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
-from inference.alignment import hard_alignment, piece_words, word_attention
-from inference.decoding import detokenize, source_mask
+from inference.alignment import hard_alignment, pharaoh, piece_words, word_attention
 from inference.model_loading import load_model
 from models.ensemble import Ensemble
-from models.search import Hypothesis, run_search
-from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, check_options
+from models.search import Hypothesis, search
+from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, SearchOptions
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,21 @@ class Translation:
     out_words: List[str] = field(default_factory=list)
     finished: bool = True  # False: cut at the length limit before EOS
 
+    def lines(self, index: int, source: str, nbest: bool = False, alignments: bool = False) -> List[str]:
+        """This translation of input line ``index``, ``source``, as ``translate.py`` prints it: its text,
+        or with ``nbest`` one line ``index ||| text ||| score`` per hypothesis, best first.
+
+        With ``alignments`` every line is 'translation, tab, Pharaoh pairs', also for an empty
+        translation; only a blank source line stays an empty line (without ``nbest``).
+        """
+        lines = []
+        for t in self.nbest if nbest else [self]:
+            line = f"{index} ||| {t.text} ||| {t.score:.4f}" if nbest else t.text
+            if alignments and (nbest or not is_blank(source)):
+                line += "\t" + pharaoh(t.alignment or [])
+            lines.append(line)
+        return lines
+
 
 def is_blank(sentence: str) -> bool:
     """Nothing to translate: an empty line or white space only."""
@@ -65,6 +81,11 @@ def blank_translation(alignments: bool) -> Translation:
     """The result of a blank sentence: empty, score 0 (no alignment pairs, as there are no words)."""
     empty = Translation("", 0.0, [] if alignments else None)
     return replace(empty, nbest=[empty])
+
+
+def detokenize(tokenizer: Tokenizer, hyps: List[Hypothesis]) -> List[str]:
+    """Text of each hypothesis, on one line (a decoded line-break byte would shift a .hyp file)."""
+    return [" ".join(text.splitlines()) for text in tokenizer.decode_tgt([h.tokens for h in hyps])]
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> List[List[int]]:
@@ -124,13 +145,12 @@ class TorchEngine:
         self.autocast = use_precision(device, amp, tf32)
         self.dtype = precision_name(device, amp, tf32)
 
-    def decode(self, batch: List[List[int]], **options: Any) -> List[List[Hypothesis]]:
-        """The n-best hypotheses of a batch of source id lists (``options``: of ``models.search.search``,
-        checked by the caller)."""
+    def decode(self, batch: List[List[int]], options: SearchOptions) -> List[List[Hypothesis]]:
+        """The n-best hypotheses of a batch of source id lists (EOS included)."""
         src = pad(batch, PAD_ID).to(self.device)  # (B, S)
         src_mask = source_mask(src)  # (B, S)
-        with self.autocast():  # the options were checked by Translator.translate
-            return run_search(self.model, src, src_mask, BOS_ID, EOS_ID, pad_id=PAD_ID, **options)
+        with self.autocast():
+            return search(self.model, src, src_mask, BOS_ID, EOS_ID, options, pad_id=PAD_ID)
 
 
 class Translator:
@@ -199,6 +219,28 @@ class Translator:
         engine = TorchEngine(model, device, **shared_precision(dtype, payloads))
         return cls(engine, loaded[0][1], mean_alpha(payloads))
 
+    @classmethod
+    def for_engine(
+        cls,
+        engine: str,
+        paths: Sequence[Union[str, Path]],
+        device: str = "auto",
+        dtype: Optional[str] = None,
+        threads: int = 0,
+    ) -> "Translator":
+        """The translator of ``translate.py --engine``: ``torch`` decodes the checkpoints ``paths``
+        (``from_checkpoints``), ``ctranslate2`` the one export folder ``paths[0]``
+        (``inference.ctranslate2_engine.load_translator``, which takes no ``dtype``). ``threads``: the
+        CPU threads of the engine (0: its default)."""
+        if engine == "ctranslate2":
+            # Imported here: that module imports this one, and only its engine needs the ctranslate2 library.
+            from inference.ctranslate2_engine import load_translator
+
+            return load_translator(paths[0], device, threads)
+        if threads:
+            set_threads(pick_device(device), threads)
+        return cls.from_checkpoints(paths, device, dtype)
+
     def translate(
         self,
         sentences: Sequence[str],
@@ -216,29 +258,25 @@ class Translator:
         ``beam`` 1 is greedy search; ``alpha`` the GNMT length penalty (None: the run's);
         ``alignments`` adds Pharaoh word alignments and word attention; the longest output is
         ``max_len_ratio`` x source tokens + ``max_len_extra``. Warnings name sentence ``i`` as line
-        ``first_line + i``. Bad arguments raise ``ValueError``.
+        ``first_line + i``. Bad arguments raise ``ValueError`` before anything is decoded.
         """
         if isinstance(sentences, str):
             raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
-        alpha = self.alpha if alpha is None else alpha
-        check_options(
-            beam_size=beam, nbest=nbest, alpha=alpha, max_len_ratio=max_len_ratio, max_len_extra=max_len_extra
+        options = SearchOptions(
+            beam_size=beam,
+            alpha=self.alpha if alpha is None else alpha,
+            nbest=nbest,
+            max_len_ratio=max_len_ratio,
+            max_len_extra=max_len_extra,
+            need_weights=alignments,
         )
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: must be at least 1")
-        options = dict(
-            beam_size=beam,
-            alpha=alpha,
-            nbest=nbest,
-            need_weights=alignments,
-            max_len_ratio=max_len_ratio,
-            max_len_extra=max_len_extra,
-        )
         results = [blank_translation(alignments) for _ in sentences]
         todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
         ids = self.encode([sentences[i] for i in todo], [first_line + i for i in todo])
         for chunk in length_batches([len(row) for row in ids], batch_size):
-            for k, hyps in zip(chunk, self.engine.decode([ids[k] for k in chunk], **options)):
+            for k, hyps in zip(chunk, self.engine.decode([ids[k] for k in chunk], options)):
                 results[todo[k]] = self.result(ids[k], hyps, alignments)
         return results
 

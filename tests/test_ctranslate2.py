@@ -25,7 +25,7 @@ from inference.ctranslate2_export import export_checkpoint, read_export
 from inference.translator import Translator
 from models.build import build_model
 from models.config import config_from_dict
-from models.search_options import output_limit
+from models.search_options import SearchOptions
 
 from helpers import LEARNING_PAIRS, ROOT, assert_one_error_line, load_script, translate
 
@@ -62,7 +62,9 @@ def pairs(multi30k_slice):
 def token_ids(translator: Translator, sentences, beam: int = 1):
     """The best hypothesis's target ids of each sentence, by the translator's engine."""
     ids = translator.encode(sentences, range(1, len(sentences) + 1))
-    return [hyps[0].tokens for hyps in translator.engine.decode(ids, beam_size=beam, alpha=1.0)]
+    return [
+        hyps[0].tokens for hyps in translator.engine.decode(ids, SearchOptions(beam_size=beam, alpha=1.0))
+    ]
 
 
 def test_float32_export_decodes_greedily_like_our_search(checkpoint, exports, valid_sources):
@@ -87,7 +89,7 @@ def test_float32_export_decodes_greedily_like_our_search(checkpoint, exports, va
 def test_the_length_limit_is_ours(checkpoint, exports, valid_sources, beam):
     """Limits short enough that most outputs are cut: the same tokens, the same ``finished`` flags
     and scores (greedy: exactly ours; a beam: the best hypothesis of nearly every sentence)."""
-    limits = dict(beam_size=beam, alpha=1.0, max_len_ratio=0.3, max_len_extra=1)
+    options = SearchOptions(beam_size=beam, alpha=1.0, max_len_ratio=0.3, max_len_extra=1)
     sentences = valid_sources[:60]
     found = []
     for translator in (
@@ -95,12 +97,12 @@ def test_the_length_limit_is_ours(checkpoint, exports, valid_sources, beam):
         load_translator(exports["float32"], "cpu"),
     ):
         ids = translator.encode(sentences, range(1, len(sentences) + 1))
-        found.append([hyps[0] for hyps in translator.engine.decode(ids, **limits)])
+        found.append([hyps[0] for hyps in translator.engine.decode(ids, options)])
     ours, engine = found
     assert sum(not hyp.finished for hyp in ours) > len(sentences) / 2  # the limit is what is tested
     for hyps in (ours, engine):  # the limit holds in every sentence, whatever the kernels
         for ids, hyp in zip(translator.encode(sentences, range(len(sentences))), hyps):
-            limit = output_limit(len(ids), limits["max_len_ratio"], limits["max_len_extra"])
+            limit = options.output_limit(len(ids))
             assert len(hyp.tokens) <= limit and (hyp.finished or len(hyp.tokens) == limit)
     same = [a.tokens == b.tokens and a.finished == b.finished for a, b in zip(ours, engine)]
     assert sum(same) >= (0.95 if beam == 1 else 0.9) * len(sentences)

@@ -18,15 +18,15 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 import torch
 
-from data.batching import pad
+from data.batching import pad, source_mask
 from data.corpus import read_lines
 from data.specials import BOS_ID, EOS_ID, PAD_ID
-from inference.decoding import source_mask
 from inference.translator import Translator, mean_alpha, shared_precision
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
 from models.ensemble import Ensemble
 from models.search import length_penalty, search
+from models.search_options import SearchOptions
 
 from helpers import SPLIT, assert_one_error_line, load_script, translate, write_run
 
@@ -112,7 +112,13 @@ def test_each_member_keeps_its_own_state(beam):
     ids, src = padded_sources()
     nbest = min(beam, 3)
     found = search(
-        Ensemble(members), src, source_mask(src), BOS_ID, EOS_ID, beam, 1.0, nbest, pad_id=PAD_ID, max_len=10
+        Ensemble(members),
+        src,
+        source_mask(src),
+        BOS_ID,
+        EOS_ID,
+        SearchOptions(beam_size=beam, alpha=1.0, nbest=nbest, max_len=10),
+        pad_id=PAD_ID,
     )
     checked = 0
     with torch.no_grad():
@@ -130,9 +136,9 @@ def test_each_member_keeps_its_own_state(beam):
 def test_a_model_twice_searches_as_that_model():
     model = tiny_models()[1]
     ids, src = padded_sources()
-    options = dict(beam_size=4, alpha=1.0, nbest=3, pad_id=PAD_ID, max_len=10, need_weights=True)
-    alone = search(model, src, source_mask(src), BOS_ID, EOS_ID, **options)
-    twice = search(Ensemble([model, model]), src, source_mask(src), BOS_ID, EOS_ID, **options)
+    options = SearchOptions(beam_size=4, alpha=1.0, nbest=3, max_len=10, need_weights=True)
+    alone = search(model, src, source_mask(src), BOS_ID, EOS_ID, options, pad_id=PAD_ID)
+    twice = search(Ensemble([model, model]), src, source_mask(src), BOS_ID, EOS_ID, options, pad_id=PAD_ID)
     for one, two in zip(alone, twice):
         assert [h.tokens for h in two] == [h.tokens for h in one]
         assert [h.score for h in two] == pytest.approx([h.score for h in one], abs=1e-5)

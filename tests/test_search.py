@@ -4,6 +4,7 @@ Most tests decode with small randomly initialised models; ``Biased`` wraps a rea
 bias to its logits, to make chosen tokens likely or certain.
 """
 
+import dataclasses
 import itertools
 import re
 from typing import Optional
@@ -16,7 +17,7 @@ from data.specials import BOS_ID, EOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
 from models.search import beam_search, greedy_search, output_limits, search
-from models.search_options import check_options, option_problem
+from models.search_options import SearchOptionError, SearchOptions
 
 V = 40
 
@@ -77,8 +78,10 @@ def favour(token: int, vocab: int = V, amount: float = 100.0) -> torch.Tensor:
 def test_beam_of_one_is_greedy(family, eos_ramp):
     model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=eos_ramp))
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=12)
-    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=1, alpha=0.0, max_len=12)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=12))
+    beam = beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=1, alpha=0.0, max_len=12)
+    )
     assert [h.tokens for h in greedy] == [hyps[0].tokens for hyps in beam]
     for g, hyps in zip(greedy, beam):
         assert hyps[0].score == pytest.approx(g.score, abs=1e-4)
@@ -90,7 +93,7 @@ def test_nbest_is_sorted_by_score(family, alpha):
     model = tiny(family)
     src, src_mask = sources()
     for hyps in beam_search(
-        model, src, src_mask, BOS_ID, EOS_ID, beam_size=5, alpha=alpha, nbest=5, max_len=10
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=5, alpha=alpha, nbest=5, max_len=10)
     ):
         assert len(hyps) == 5
         scores = [h.score for h in hyps]
@@ -102,8 +105,10 @@ def test_beam_scores_at_least_the_greedy_hypothesis(family):
     """Not a theorem for a beam of 5, but it holds for these models (and see the exhaustive test)."""
     model = tiny(family)
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=10)
-    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=5, alpha=0.0, max_len=10)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=10))
+    beam = beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=5, alpha=0.0, max_len=10)
+    )
     for g, hyps in zip(greedy, beam):
         assert hyps[0].score >= g.score - 1e-5
 
@@ -147,9 +152,14 @@ def test_an_exhaustive_beam_finds_the_best_output(family):
     model = tiny(family, vocab=vocab)
     src, src_mask = sources(vocab)
     beam = beam_search(
-        model, src, src_mask, BOS_ID, EOS_ID, beam_size=vocab ** (max_len - 1), alpha=0.0, max_len=max_len
+        model,
+        src,
+        src_mask,
+        BOS_ID,
+        EOS_ID,
+        SearchOptions(beam_size=vocab ** (max_len - 1), alpha=0.0, max_len=max_len),
     )
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=max_len)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=max_len))
     for row in range(src.size(0)):
         best = best_score_by_enumeration(model, src[row : row + 1], src_mask[row : row + 1], vocab, max_len)
         assert beam[row][0].score == pytest.approx(best, abs=1e-4)
@@ -160,13 +170,18 @@ def test_an_exhaustive_beam_finds_the_best_output(family):
 def test_padded_batch_decodes_like_single_sentences(family):
     model = tiny(family)
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=8)
-    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, max_len=8)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=8))
+    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, max_len=8))
     for row, length in enumerate(src_mask.sum(1).tolist()):
         one, one_mask = src[row : row + 1, :length], src_mask[row : row + 1, :length]
-        assert greedy_search(model, one, one_mask, BOS_ID, EOS_ID, max_len=8)[0].tokens == greedy[row].tokens
         assert (
-            beam_search(model, one, one_mask, BOS_ID, EOS_ID, beam_size=3, max_len=8)[0][0].tokens
+            greedy_search(model, one, one_mask, BOS_ID, EOS_ID, SearchOptions(max_len=8))[0].tokens
+            == greedy[row].tokens
+        )
+        assert (
+            beam_search(model, one, one_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, max_len=8))[0][
+                0
+            ].tokens
             == beam[row][0].tokens
         )
 
@@ -176,8 +191,8 @@ def test_outputs_hold_no_eos_and_nothing_after_it(family):
     """EOS mid-way (more likely at every step) ends the hypothesis: no EOS and no PAD in the output."""
     model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=1.0))
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=10)
-    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=4, nbest=4, max_len=10)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=10))
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=4, nbest=4, max_len=10))
     hypotheses = greedy + [h for hyps in beams for h in hyps]
     assert any(0 < len(h.tokens) < 10 for h in hypotheses)  # some end early, on EOS
     for h in hypotheses:
@@ -187,9 +202,10 @@ def test_outputs_hold_no_eos_and_nothing_after_it(family):
 def test_outputs_never_hold_bos_or_pad():
     model = Biased(tiny("rnn"), favour(BOS_ID, amount=5.0) + favour(PAD_ID, amount=5.0))
     src, src_mask = sources()
-    hypotheses = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=6)
+    hypotheses = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=6))
     hypotheses += [
-        hyps[0] for hyps in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, max_len=6)
+        hyps[0]
+        for hyps in beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, max_len=6))
     ]
     for h in hypotheses:
         assert BOS_ID not in h.tokens and PAD_ID not in h.tokens
@@ -199,17 +215,18 @@ def test_outputs_never_hold_bos_or_pad():
 def test_max_len_is_respected(family):
     model = Biased(tiny(family), favour(EOS_ID, amount=-100.0))  # never stops on its own
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=4)
-    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=3, max_len=4)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=4))
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, nbest=3, max_len=4))
     assert [len(h.tokens) for h in greedy] == [4] * 4
     assert all(len(h.tokens) == 4 for hyps in beams for h in hyps)
 
 
 def test_default_output_limit_follows_each_source():
     _, src_mask = sources()  # lengths 7, 5, 3, 1
-    assert output_limits(src_mask) == [int(1.5 * n) + 10 for n in (7, 5, 3, 1)]
-    assert output_limits(src_mask, ratio=2.0, extra=1) == [15, 11, 7, 3]
-    assert output_limits(src_mask, max_len=4) == [4] * 4
+    assert output_limits(src_mask, SearchOptions()) == [int(1.5 * n) + 10 for n in (7, 5, 3, 1)]
+    assert output_limits(src_mask, SearchOptions(max_len_ratio=2.0, max_len_extra=1)) == [15, 11, 7, 3]
+    assert output_limits(src_mask, SearchOptions(max_len=4)) == [4] * 4
+    assert output_limits(src_mask, SearchOptions(), cap=12) == [12, 12, 12, 11]  # a model's max_positions
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -217,9 +234,16 @@ def test_each_sentence_stops_at_its_own_limit(family):
     model = Biased(tiny(family), favour(EOS_ID, amount=-100.0))  # never stops on its own
     src, src_mask = sources()
     expected = [int(0.5 * n) + 2 for n in (7, 5, 3, 1)]
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len_ratio=0.5, max_len_extra=2)
+    greedy = greedy_search(
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len_ratio=0.5, max_len_extra=2)
+    )
     beams = beam_search(
-        model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=2, max_len_ratio=0.5, max_len_extra=2
+        model,
+        src,
+        src_mask,
+        BOS_ID,
+        EOS_ID,
+        SearchOptions(beam_size=3, nbest=2, max_len_ratio=0.5, max_len_extra=2),
     )
     assert [len(h.tokens) for h in greedy] == expected
     assert [[len(h.tokens) for h in hyps] for hyps in beams] == [[n, n] for n in expected]
@@ -250,10 +274,10 @@ def test_finished_sentences_leave_the_batch(family):
     model = Recording(Biased(tiny(family), favour(EOS_ID, amount=-100.0)))
     src, src_mask = sources()
     limits = dict(max_len_ratio=0.5, max_len_extra=2)
-    greedy_search(model, src, src_mask, BOS_ID, EOS_ID, **limits)
+    greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(**limits))
     assert model.rows == [4, 4, 3, 2, 1]
     model.rows.clear()
-    beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, **limits)
+    beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, **limits))
     assert model.rows == [4, 12, 9, 6, 3]  # the first step: one hypothesis per sentence
 
 
@@ -261,23 +285,27 @@ def test_finished_sentences_leave_the_batch(family):
 def test_search_dispatches_to_greedy_or_beam(family):
     model = tiny(family)
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=8)
-    one = search(model, src, src_mask, BOS_ID, EOS_ID, max_len=8)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=8))
+    one = search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=8))
     assert [[h.tokens] for h in greedy] == [[h.tokens for h in hyps] for hyps in one]
     assert [h.score for h in greedy] == [hyps[0].score for hyps in one]
-    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, alpha=0.6, nbest=2, max_len=8)
-    found = search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, alpha=0.6, nbest=2, max_len=8)
+    beams = beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, alpha=0.6, nbest=2, max_len=8)
+    )
+    found = search(
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, alpha=0.6, nbest=2, max_len=8)
+    )
     assert [[h.tokens for h in hyps] for hyps in found] == [[h.tokens for h in hyps] for hyps in beams]
     with pytest.raises(ValueError, match="nbest=2"):
-        search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=1, nbest=2)
+        search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=1, nbest=2))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_model_that_ends_at_once_gives_empty_hypotheses(family):
     model = Biased(tiny(family), favour(EOS_ID))
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, need_weights=True)
-    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, need_weights=True)
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(need_weights=True))
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, need_weights=True))
     for h in greedy + [hyps[0] for hyps in beams]:
         assert h.tokens == []
         assert h.score == pytest.approx(0.0, abs=1e-3)
@@ -291,9 +319,16 @@ def test_alignments(family):
     model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=1.0))
     src, src_mask = sources()
     max_len = 6
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=max_len, need_weights=True)
+    greedy = greedy_search(
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=max_len, need_weights=True)
+    )
     beams = beam_search(
-        model, src, src_mask, BOS_ID, EOS_ID, beam_size=3, nbest=3, max_len=max_len, need_weights=True
+        model,
+        src,
+        src_mask,
+        BOS_ID,
+        EOS_ID,
+        SearchOptions(beam_size=3, nbest=3, max_len=max_len, need_weights=True),
     )
     rows = [(row, h) for row, h in enumerate(greedy)] + [
         (row, h) for row, hyps in enumerate(beams) for h in hyps
@@ -308,10 +343,13 @@ def test_alignments(family):
 def test_no_alignments_unless_asked():
     model = tiny("rnn")
     src, src_mask = sources()
-    assert all(h.alignment is None for h in greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=5))
+    assert all(
+        h.alignment is None
+        for h in greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=5))
+    )
     assert all(
         h[0].alignment is None
-        for h in beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, max_len=5)
+        for h in beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=2, max_len=5))
     )
 
 
@@ -319,7 +357,7 @@ def test_nbest_larger_than_the_beam_is_refused():
     model = tiny("rnn")
     src, src_mask = sources()
     with pytest.raises(ValueError, match="nbest"):
-        search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, nbest=3)
+        search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=2, nbest=3))
 
 
 @pytest.mark.parametrize(
@@ -335,7 +373,7 @@ def test_search_refuses_an_option_out_of_range_for_both_searches(options, messag
     model = tiny("rnn")
     src, src_mask = sources()
     with pytest.raises(ValueError, match=re.escape(message)):
-        search(model, src, src_mask, BOS_ID, EOS_ID, **options)
+        search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(**options))
 
 
 class TableModel(nn.Module):
@@ -376,8 +414,10 @@ def test_beam_finds_what_greedy_misses_on_a_hand_built_model():
     model = TableModel(table)
     src = torch.tensor([[4, 5, EOS_ID]])
     src_mask = src != PAD_ID
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, max_len=5)[0]
-    beam = beam_search(model, src, src_mask, BOS_ID, EOS_ID, beam_size=2, alpha=0.0, nbest=2, max_len=5)[0]
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=5))[0]
+    beam = beam_search(
+        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=2, alpha=0.0, nbest=2, max_len=5)
+    )[0]
     assert greedy.tokens == [4] and greedy.score == pytest.approx(
         float(torch.tensor(0.6 * 0.4).log()), abs=1e-4
     )
@@ -399,8 +439,25 @@ def test_beam_finds_what_greedy_misses_on_a_hand_built_model():
     ],
 )
 def test_search_options_out_of_range_are_named(options, message):
-    """One check of the options for the search, the Translator and translate.py's command line."""
-    assert message.split(": ", 1)[1] in option_problem(**options)[1]
-    with pytest.raises(ValueError, match=re.escape(message)):
-        check_options(**options)
-    assert option_problem() is None
+    """One check of the options for the search, the Translator and translate.py's command line: made
+    with a value out of range, ``SearchOptions`` raises at once, one line naming the option, its
+    value and what is wrong (the parts too, for translate.py's own names of the options)."""
+    with pytest.raises(SearchOptionError, match=re.escape(message)) as raised:
+        SearchOptions(**options)
+    error = raised.value
+    assert isinstance(error, ValueError) and "\n" not in str(error)
+    assert str(error) == f"{error.name}={error.value}: {error.problem}"
+    assert message.startswith(f"{error.name}={error.value}: ")
+    SearchOptions()  # the defaults are fine
+
+
+def test_search_options_are_checked_on_every_copy_and_cannot_change():
+    options = SearchOptions(beam_size=4, nbest=4)
+    with pytest.raises(
+        SearchOptionError, match=re.escape("nbest=4: must be between 1 and the beam size (2)")
+    ):
+        dataclasses.replace(options, beam_size=2)
+    with pytest.raises(SearchOptionError, match=re.escape("max_len=0 must be at least 1")):
+        dataclasses.replace(options, max_len=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.beam_size = 0
