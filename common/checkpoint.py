@@ -4,7 +4,7 @@ running code.
 A checkpoint loads with ``torch.load(path, weights_only=True)`` and holds everything
 ``translate.py`` needs (``model``, ``model_config``, ``tokenizer``) plus the training state for
 resuming (optimizer, step, epoch, RNG states, the resolved config). Training writes them
-(``training/trainer.py``); translation reads them (``inference/model_loading.py``).
+(``training/trainer.py``); translation reads them (``inference/translator.py``).
 """
 
 import io

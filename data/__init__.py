@@ -5,9 +5,8 @@ hub.py        a Hugging Face hub data set's splits, and the probe of the hub
 tokenizer.py  SentencePiece training, caching, encoding, decoding; the special ids
 sampling.py   subword regularization: a new segmentation per epoch
 encoding.py   text to ids on every core, in chunks
-arrays.py     id sequences kept flat in NumPy arrays, padded into tensors
 store.py      the token store: encoded splits on disk, memory-mapped
-batching.py   token-bucket batch sampler and batches
+batching.py   id sequences kept flat in NumPy arrays, token-bucket batch sampler, batches
 loading.py    an epoch's batches collated in order, here or by worker processes
 pipeline.py   prepare_data(cfg): the store of one data config, built once, with stats
 

@@ -24,7 +24,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from data.arrays import TokenArrays
+from data.batching import TokenArrays
 from data.errors import DataError
 from data.tokenizer import Tokenizer
 

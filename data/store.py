@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from common.files import AtomicFolder
-from data.arrays import TokenArrays
+from data.batching import TokenArrays
 from data.errors import DataError
 
 log = logging.getLogger(__name__)

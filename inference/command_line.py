@@ -30,7 +30,7 @@ class UsageError(Exception):
 
 
 def check_model_path(path: Path, engine: str) -> None:
-    """A checkpoint file for the torch engine (``inference/model_loading.py`` loads it), an export
+    """A checkpoint file for the torch engine (``inference/translator.py`` loads it), an export
     folder for CTranslate2 (``inference/ctranslate2_export.py``); ``UsageError`` else."""
     if not path.exists():
         raise UsageError(f"checkpoint {path} does not exist")

@@ -102,7 +102,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, quantization: str = "int8
         raise ExportError(f"quantization {quantization!r}: choose one of {', '.join(QUANTIZATIONS)}")
     check_target(out_dir)
     from common.checkpoint import load_checkpoint
-    from inference.model_loading import model_of
+    from inference.translator import model_of
 
     payload = load_checkpoint(checkpoint)
     problem = export_problem(dict(payload["model_config"]))

@@ -36,11 +36,12 @@ Every class has the same interface, so a decoder or layer does not change with t
 Shapes follow ``models/__init__.py``: ``T`` queries, ``S`` keys; ``D_query``, ``D_key`` the sizes of
 a single-head attention's inputs (in the RNN ``D`` and ``2D``).
 
-Masks are boolean, ``True`` = may attend (see ``models/masks.py``), broadcastable to
+Masks are boolean, ``True`` = may attend (the convention of ``F.scaled_dot_product_attention``;
+``nn.MultiheadAttention`` uses the opposite one), built by the functions after the classes, broadcastable to
 ``(B, H, T, S)``: ``(T, S)`` causal, ``(B, 1, 1, S)`` padding, ``(B, 1, T, S)`` both combined. A
 masked key gets exactly zero weight. A query whose keys are *all* masked (a padded query row, or an
 empty source) gets zero weights and a zero output instead of ``softmax([-inf, ..., -inf]) = NaN``,
-with finite gradients. ``causal=True`` asks for the lower triangle of ``masks.causal_mask`` without
+with finite gradients. ``causal=True`` asks for the lower triangle of ``causal_mask`` without
 a mask tensor, so that the fused path can pass ``is_causal`` to the kernel (CUDA's flash-attention
 kernel takes no ``attn_mask``); it is defined only for as many queries as keys (a full pass, no
 cache). These guards are written once, after the classes.
@@ -55,8 +56,6 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from models.masks import causal_mask, combine_masks
 
 
 # ----- the score functions -----
@@ -356,6 +355,71 @@ class MultiHeadAdditiveAttention(MultiHeadAttention):
 
 
 # ----- the guards: masks, empty rows, the fused path -----
+# Masks are small pure functions (the convention in the module's docstring): padding ``(B, S)``,
+# lifted by ``key_mask`` to ``(B, 1, 1, S)`` for every query and head; causal ``(T, S)``, the
+# future hidden; ``combine_masks`` intersects them (a key is visible only if every mask allows it).
+def padding_mask_from_lengths(lengths: Tensor, max_len: Optional[int] = None) -> Tensor:
+    """``(B,)`` sequence lengths -> ``(B, S)`` mask, True at positions ``< length``.
+
+    ``S`` is ``max_len`` when given (it must be at least the longest length), else the longest length.
+    """
+    longest = int(lengths.max()) if lengths.numel() else 0
+    size = longest if max_len is None else max_len
+    if size < longest:
+        raise ValueError(f"max_len={max_len} is shorter than the longest sequence ({longest})")
+    positions = torch.arange(size, device=lengths.device)  # (S,)
+    return positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, S)
+
+
+def padding_mask_from_ids(ids: Tensor, pad_id: int) -> Tensor:
+    """``(B, S)`` token ids -> ``(B, S)`` mask, True where the token is not ``pad_id``."""
+    return ids != pad_id  # (B, S)
+
+
+def key_mask(padding_mask: Tensor, n_heads_dim: bool = True) -> Tensor:
+    """Lift a ``(B, S)`` padding mask so that it hides the same keys from every query.
+
+    Returns ``(B, 1, 1, S)`` (broadcasts to multi-head scores ``(B, H, T, S)``) or, with
+    ``n_heads_dim=False``, ``(B, 1, S)`` (broadcasts to single-head scores ``(B, T, S)``).
+    """
+    mask = padding_mask.unsqueeze(1)  # (B, 1, S)
+    return mask.unsqueeze(1) if n_heads_dim else mask  # (B, 1, 1, S) or (B, 1, S)
+
+
+def causal_mask(
+    n_queries: int, n_keys: Optional[int] = None, device: Optional[torch.device] = None
+) -> Tensor:
+    """``(T, S)`` mask that lets query ``t`` see keys ``0 .. t + (S - T)`` and nothing later.
+
+    With ``S == T`` (the default) this is the lower triangle used in decoder self-attention. With
+    ``S > T`` it is aligned to the bottom right: the ``T`` queries are the *last* ``T`` positions of
+    the sequence, as in step-wise decoding where the keys include ``S - T`` cached earlier steps.
+    (``F.scaled_dot_product_attention(is_causal=True)`` aligns to the top left instead, which would
+    let a single cached query see only key 0.)
+    """
+    n_keys = n_queries if n_keys is None else n_keys
+    if n_keys < n_queries:
+        raise ValueError(f"causal mask needs at least as many keys ({n_keys}) as queries ({n_queries})")
+    ones = torch.ones(n_queries, n_keys, dtype=torch.bool, device=device)  # (T, S)
+    return torch.tril(ones, diagonal=n_keys - n_queries)  # (T, S)
+
+
+def combine_masks(*masks: Optional[Tensor]) -> Optional[Tensor]:
+    """Intersect broadcastable boolean masks; ``None`` entries (no mask) are skipped.
+
+    Example: ``combine_masks(causal_mask(T), key_mask(tgt_padding))`` gives ``(B, 1, T, T)``.
+    Returns ``None`` when every entry is ``None``.
+    """
+    result: Optional[Tensor] = None
+    for mask in masks:
+        if mask is None:
+            continue
+        if mask.dtype != torch.bool:
+            raise TypeError(f"masks must be boolean (True = may attend), got {mask.dtype}")
+        result = mask if result is None else result & mask  # broadcast shape of both
+    return result
+
+
 def rows_with_keys(mask: Tensor) -> Tensor:
     """``(..., T, S)`` mask -> ``(..., T, 1)``: True where the query may attend to some key."""
     return mask.any(dim=-1, keepdim=True)  # (..., T, 1)
@@ -393,12 +457,12 @@ def check_causal(n_queries: int, n_keys: int) -> None:
 
     ``F.scaled_dot_product_attention(is_causal=True)`` aligns the triangle to the top left, which
     is right only when query ``t`` is key ``t``: a full pass with an empty cache. With ``t`` cached
-    keys the queries are the last positions (``masks.causal_mask(T, t + T)``, bottom right).
+    keys the queries are the last positions (``causal_mask(T, t + T)``, bottom right).
     """
     if n_queries != n_keys:
         raise ValueError(
             f"causal=True needs as many queries as keys (a full pass, no cache), got {n_queries} "
-            f"queries and {n_keys} keys; pass mask=masks.causal_mask({n_queries}, {n_keys}) instead"
+            f"queries and {n_keys} keys; pass mask=causal_mask({n_queries}, {n_keys}) instead"
         )
 
 
@@ -448,7 +512,7 @@ def scaled_dot_product_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: the fused kernel, or the explicit path when weights are needed.
 
-    ``causal`` hides later keys as ``masks.causal_mask(T)`` would (on top of ``mask``); it needs
+    ``causal`` hides later keys as ``causal_mask(T)`` would (on top of ``mask``); it needs
     ``T == S`` and raises ValueError otherwise. Returns output ``(..., T, d_v)`` and weights
     ``(..., T, S)`` or ``None``.
     """
@@ -486,5 +550,5 @@ def check_mask_shape(mask: Tensor, n_queries: int, n_keys: int) -> None:
         raise ValueError(
             f"attention mask must be (T, S) = ({n_queries}, {n_keys}) or 4-d broadcastable to "
             f"(B, H, {n_queries}, {n_keys}), got shape {tuple(mask.shape)}; lift a (B, S) padding mask "
-            f"with masks.key_mask"
+            f"with key_mask"
         )

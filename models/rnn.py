@@ -32,10 +32,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from models.attention import AdditiveAttention, GeneralAttention, MultiHeadAttention, ScaledDotAttention
+from models.attention import (
+    AdditiveAttention,
+    GeneralAttention,
+    MultiHeadAttention,
+    ScaledDotAttention,
+    key_mask,
+)
 from models.config import RNNConfig
 from models.embeddings import OutputLayer, TokenEmbedding
-from models.masks import key_mask
 from models.seq2seq import Attention, Encoded
 
 # cross_k (B, H, S, d_a), cross_v (B, H, S, .) the attention's projections of the encoder states,

@@ -30,13 +30,29 @@ each step of beam search's candidates one ``_Candidates``.
 """
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, FrozenSet, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from models.search_options import SearchOptions
-from models.seq2seq import SOURCE_KEYS, map_state
+
+# Entries of a decoder state that depend on the source sentence only (the encoder output, its mask
+# and projections of it). Every hypothesis of a sentence holds the same rows there, so beam search
+# leaves them as they are when it reorders hypotheses within their sentences.
+SOURCE_KEYS = frozenset({"src_mask", "memory", "keys", "cross_k", "cross_v"})
+
+
+def map_state(state: Any, fn: Callable[[Tensor], Tensor], skip: FrozenSet[str] = frozenset()) -> Any:
+    """Apply ``fn`` to every tensor of a nested state (dict / list / tuple), except under dict keys in
+    ``skip``."""
+    if isinstance(state, Tensor):
+        return fn(state)
+    if isinstance(state, dict):
+        return {key: value if key in skip else map_state(value, fn, skip) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(map_state(value, fn, skip) for value in state)
+    return state
 
 
 @dataclass

@@ -25,12 +25,12 @@ self-attention (empty lists). ``encode(..., need_weights=True)`` puts ``encoder_
 ``max_positions`` is the longest source or output the model can take (None: no limit).
 
 A decoder state is a nest of dicts, lists and tuples whose tensors all have the batch on dim 0,
-so ``map_state(state, fn)`` can reorder or repeat it for beam search. Entries that depend on the
-source only go under the keys in ``SOURCE_KEYS``.
+so beam search can reorder or repeat it (``models/search.py``: ``map_state``). Entries that depend
+on the source only go under the keys in ``models.search.SOURCE_KEYS``.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, FrozenSet, List, Optional
+from typing import Dict, List, Optional
 
 from torch import Tensor
 
@@ -44,21 +44,3 @@ class Encoded:
     src_mask: Tensor  # (B, S) True at real source tokens
     final: Optional[Tensor] = None  # (B, 2D) a summary of the source (RNN: final states; else None)
     attention: Attention = field(default_factory=dict)  # {"encoder_self": [(B, H, S, S)]} when asked
-
-
-# Entries of a decoder state that depend on the source sentence only (the encoder output, its mask
-# and projections of it). Every hypothesis of a sentence holds the same rows there, so beam search
-# leaves them as they are when it reorders hypotheses within their sentences.
-SOURCE_KEYS = frozenset({"src_mask", "memory", "keys", "cross_k", "cross_v"})
-
-
-def map_state(state: Any, fn: Callable[[Tensor], Tensor], skip: FrozenSet[str] = frozenset()) -> Any:
-    """Apply ``fn`` to every tensor of a nested state (dict / list / tuple), except under dict keys in
-    ``skip``."""
-    if isinstance(state, Tensor):
-        return fn(state)
-    if isinstance(state, dict):
-        return {key: value if key in skip else map_state(value, fn, skip) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(map_state(value, fn, skip) for value in state)
-    return state

@@ -18,10 +18,16 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from models.attention import MultiHeadAdditiveAttention, MultiHeadAttention
+from models.attention import (
+    MultiHeadAdditiveAttention,
+    MultiHeadAttention,
+    causal_mask,
+    combine_masks,
+    key_mask,
+    padding_mask_from_ids,
+)
 from models.config import TransformerConfig
 from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding
-from models.masks import causal_mask, combine_masks, key_mask, padding_mask_from_ids
 from models.seq2seq import Attention, Encoded
 
 LayerCache = Dict[str, Tensor]  # self_k, self_v (B, H, t, d_k) so far; cross_k, cross_v (B, H, S, d_k)

@@ -41,8 +41,9 @@ from models.attention import (
     MultiHeadAdditiveAttention,
     MultiHeadAttention,
     ScaledDotAttention,
+    key_mask,
+    padding_mask_from_lengths,
 )
-from models.masks import key_mask, padding_mask_from_lengths
 
 FUNCTIONS = ["additive", "general", "scaled_dot", "multihead", "multihead weights", "multihead additive"]
 TEXTBOOK = {  # time (pairs x work per pair), memory held for the backward pass

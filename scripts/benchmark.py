@@ -130,7 +130,7 @@ def timed_run(command: List[str]) -> Tuple[float, float]:
 
 def model_under_test(path: Path) -> Tuple[str, Any, Dict[str, Any], Optional[int]]:
     """(engine, tokenizer, languages ``{"src", "tgt"}``, parameters) of a checkpoint or an export folder."""
-    from inference.model_loading import load_model
+    from inference.translator import load_model
     from models.build import count_parameters
 
     if path.is_dir():

@@ -1,4 +1,5 @@
-"""Checkpoints (training/resume.py, training/averaging.py): weights-only round trip, atomic writes, clear errors, RNG states."""
+"""Checkpoints (common/checkpoint.py; training/resume.py, training/averaging.py): weights-only round
+trip, atomic writes, clear errors, RNG states."""
 
 import pickle
 import random

@@ -2,7 +2,7 @@
 
 import torch
 
-from models.seq2seq import SOURCE_KEYS, map_state
+from models.search import SOURCE_KEYS, map_state
 
 
 def test_every_tensor_of_nested_dicts_lists_and_tuples_is_mapped_and_the_containers_kept():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from models.masks import (
+from models.attention import (
     causal_mask,
     combine_masks,
     key_mask,

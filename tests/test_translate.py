@@ -26,8 +26,7 @@ from common.checkpoint import load_checkpoint, save_checkpoint
 from data.corpus import read_lines
 from data.specials import EOS_ID
 from data.tokenizer import normalize
-from inference.model_loading import load_model
-from inference.translator import Translator
+from inference.translator import Translator, load_model
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
 
 from helpers import ROOT, SPLIT, assert_one_error_line, translate, translate_process

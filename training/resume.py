@@ -16,7 +16,7 @@ from torch import nn
 from common.checkpoint import CheckpointError
 from common.settings import NOT_SETTINGS, flatten
 from models.config import config_from_dict
-from models.seq2seq import map_state
+from models.search import map_state
 from training.distributed import World
 
 log = logging.getLogger(__name__)
