@@ -71,7 +71,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     tn = commands.add_parser(
         "train", parents=[decoding], help="training throughput, peak memory, epoch time (+ decoding)"
     )
-    tn.add_argument("--models", nargs="+", default=["rnn", "transformer"], help="model configs (conf/model)")
+    tn.add_argument(
+        "--models",
+        nargs="+",
+        default=["rnn", "transformer"],
+        help="model configs (conf/model), each with overrides of its own after commas "
+        "(transformer,model.attention=additive)",
+    )
     tn.add_argument("--warmup", type=int, default=20, help="steps before the clock starts")
     tn.add_argument("--steps", type=int, default=100, help="steps timed")
     tn.add_argument(
@@ -292,9 +298,12 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
 
 def bench_train(args: argparse.Namespace) -> Dict[str, Any]:
     rows = []
-    for model in args.models:
-        extra = list(args.overrides) + (
-            [f"trainer.batch_tokens={args.batch_tokens}"] if args.batch_tokens else []
+    for spec in args.models:
+        model, *own = spec.split(",")  # the model config, then overrides of this model alone
+        extra = (
+            list(args.overrides)
+            + own
+            + ([f"trainer.batch_tokens={args.batch_tokens}"] if args.batch_tokens else [])
         )
         command = [
             sys.executable,
@@ -321,7 +330,7 @@ def bench_train(args: argparse.Namespace) -> Dict[str, Any]:
                 else f"exit code {done.returncode}"
             )
             raise SystemExit(f"error: training {model} failed: {last}")
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        rows.append(dict(json.loads(done.stdout.strip().splitlines()[-1]), model=spec))
         print(json.dumps(rows[-1]), flush=True)
     result = {
         "benchmark": "train",

@@ -164,20 +164,22 @@ def drop_words(refs: Sequence[str], every: int) -> List[str]:
     return [" ".join(w for i, w in enumerate(line.split()) if i % every) for line in refs]
 
 
-TINY_RNN = [
-    "model=rnn",
-    "model.embed_dim=32",
-    "model.hidden_size=32",
-    "model.attention_size=32",
-]  # 50k parameters
-TINY_TRANSFORMER = [  # two layers of two heads: enough to tell layers and heads apart
-    "model=transformer",
-    "model.d_model=32",
-    "model.n_heads=2",
-    "model.ff_size=64",
-    "model.encoder_layers=2",
-    "model.decoder_layers=2",
-]
+# The tiny models of conf/model/tiny_*.yaml, which users run too (conf/experiment/debug.yaml).
+TINY_RNN = ["model=tiny_rnn"]
+TINY_TRANSFORMER = ["model=tiny_transformer"]  # two layers of four heads: layers and heads apart
+TINY = {"rnn": TINY_RNN, "transformer": TINY_TRANSFORMER}
+# The runs that must learn in a few hundred steps train without dropout: with the tiny
+# Transformer's 0.1 it reaches 68 BLEU and 0.45 exact on the reversal task (measured), too near
+# test_synthetic.py's 60 and 1/3. The tiny configs keep their dropout: the quick runs check that a
+# resumed run draws the masks the uninterrupted one does (test_faults.py).
+NO_DROPOUT = ["model.dropout=0.0"]
+
+
+def tiny_model_config(family: str):
+    """The tiny model of ``family`` as its dataclass, composed as ``train.py model=tiny_<family>`` does."""
+    from training.config import model_config
+
+    return model_config(compose(TINY[family]).model)
 
 
 def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
@@ -236,24 +238,24 @@ def train_once(cfg, run: Path) -> Tuple[Any, Path, float]:
     return trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start
 
 
+# Memorising 200 real pairs in 300 steps takes twice the tiny models' width: at 64 the tiny
+# Transformer reaches 67 BLEU on them and the tiny RNN 15 (measured), short of the 80 that
+# test_ctranslate2.py and test_gpu.py ask.
 LEARNING_FAMILIES = {
     "transformer": [
-        "model=transformer",
+        *TINY_TRANSFORMER,
+        *NO_DROPOUT,
         "model.d_model=128",
-        "model.n_heads=4",
         "model.ff_size=256",
-        "model.encoder_layers=2",
-        "model.decoder_layers=2",
-        "model.dropout=0.0",
         "trainer.lr=2e-3",
         "trainer.max_steps=300",
     ],
     "rnn": [
-        "model=rnn",
+        *TINY_RNN,
+        *NO_DROPOUT,
         "model.embed_dim=128",
         "model.hidden_size=128",
         "model.attention_size=128",
-        "model.dropout=0.0",
         "trainer.lr=5e-3",
         "trainer.max_steps=300",
     ],
@@ -358,13 +360,8 @@ def deadline(seconds: int, what: str):
 
 SYNTHETIC_FAMILIES = {
     "transformer": [
-        "model=transformer",
-        "model.d_model=64",
-        "model.n_heads=4",
-        "model.ff_size=128",
-        "model.encoder_layers=2",
-        "model.decoder_layers=2",
-        "model.dropout=0.0",
+        *TINY_TRANSFORMER,
+        *NO_DROPOUT,
         "trainer.lr=5e-3",
         "trainer.schedule=cosine",
         "trainer.warmup_steps=30",
@@ -372,18 +369,15 @@ SYNTHETIC_FAMILIES = {
         "trainer.max_steps=300",
     ],
     "rnn": [
-        "model=rnn",
-        "model.embed_dim=64",
-        "model.hidden_size=64",
-        "model.attention_size=64",
-        "model.dropout=0.0",
+        *TINY_RNN,
+        *NO_DROPOUT,
         "trainer.lr=5e-3",
         "trainer.schedule=constant",
         "trainer.warmup_steps=20",
         "trainer.batch_tokens=500",
         "trainer.max_steps=400",
     ],
-}  # each learns the reversal of tests/synthetic.py (test_synthetic.py), in seconds on one thread
+}  # each tiny model learns the reversal of tests/synthetic.py (test_synthetic.py), in seconds on one thread
 
 
 def synthetic_run(run_dir: Path, root: Path, cache: Path, *extra: str) -> List[str]:

@@ -10,19 +10,20 @@ from models.attention import (
     MultiHeadAdditiveAttention,
     MultiHeadAttention,
     ScaledDotAttention,
+    causal_mask,
+    combine_masks,
+    key_mask,
     masked_softmax_,
+    padding_mask_from_lengths,
     scaled_dot_product_attention,
     scaled_dot_product_explicit,
     scaled_dot_product_fused,
 )
-from models.masks import causal_mask, combine_masks, key_mask, padding_mask_from_lengths
 
 B, T, S, D, H = 3, 5, 7, 16, 4
 
 
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
+pytestmark = pytest.mark.usefixtures("seed")  # torch seeded before each test (conftest.py)
 
 
 def torch_mha_copy(ours: MultiHeadAttention) -> nn.MultiheadAttention:

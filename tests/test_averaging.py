@@ -150,7 +150,7 @@ def test_the_script_refuses_an_existing_out_too_few_checkpoints_and_foreign_file
 def test_checkpoints_of_other_models_are_not_averaged(averaged_run, tmp_path):
     kept = last_checkpoints(averaged_run["on"] / "checkpoints", 1)[0]
     other = load_checkpoint(kept)
-    other["model_config"] = dict(other["model_config"], hidden_size=64)
+    other["model_config"] = dict(other["model_config"], hidden_size=2 * other["model_config"]["hidden_size"])
     save_checkpoint(other, tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="holds another model"):
         average_checkpoints([tmp_path / "other.pt", kept])

@@ -159,9 +159,9 @@ PREPARE_CASES = [
     ),
     (
         "resume with a changed model config",
-        ["model.hidden_size=64", "model.dropout=0.1"],
+        ["model.hidden_size=32", "model.dropout=0.1"],
         CheckpointError,
-        "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 32, now 64)",
+        "model.dropout (checkpoint 0.2, now 0.1), model.hidden_size (checkpoint 64, now 32)",
     ),
     (
         "resume with other batches",

@@ -24,7 +24,7 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
             "--data",
             str(multi30k_slice),
             "--models",
-            "rnn",
+            "tiny_rnn",
             "--warmup",
             "1",
             "--steps",
@@ -40,9 +40,6 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
             "--",
             f"data.cache_dir={tmp_path / 'cache'}",
             "data.vocab_size=500",
-            "model.embed_dim=32",
-            "model.hidden_size=32",
-            "model.attention_size=32",
         ],
         capture_output=True,
         text=True,
@@ -51,7 +48,8 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     assert done.returncode == 0, done.stderr
     result = json.loads(out.with_suffix(".json").read_text())
     (row,) = result["rows"]
-    assert row["model"] == "rnn" and row["batch_tokens"] == 1000 and row["steps"] == 2 and row["params"] > 0
+    assert row["model"] == "tiny_rnn" and row["batch_tokens"] == 1000
+    assert row["steps"] == 2 and row["params"] > 0
     assert 0 < row["tgt_tokens_per_batch"] <= 1000 and row["peak_memory_mib"] > 50
     rate = row["tgt_tokens_per_batch"] / row["seconds_per_step"]
     assert abs(rate - row["tgt_tokens_per_s"]) / rate < 0.01
@@ -61,7 +59,7 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     # 30 sentences of a tiny model can decode within start-up noise; a rate, when given, is positive
     assert decoding["sentences_per_s"] is None or decoding["sentences_per_s"] > 0
     markdown = out.with_suffix(".md").read_text()
-    assert "| rnn | " in markdown and "sentences/s" in markdown
+    assert "| tiny_rnn | " in markdown and "sentences/s" in markdown
 
 
 def test_a_decoding_time_below_start_up_noise_is_said_not_divided():

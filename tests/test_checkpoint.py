@@ -107,7 +107,7 @@ def test_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_pa
         raise OSError("No space left on device")
 
     monkeypatch.setattr(torch, "save", save_then_fail)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(CheckpointError, match=f"cannot write checkpoint {path}: No space left on device"):
         save_checkpoint(payload(seed=1), path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]

@@ -1017,7 +1017,7 @@ def test_no_grid_section_for_runs_that_do_not_cross_architecture_and_attention(r
 
 @pytest.mark.slow
 def test_a_real_sweep_has_the_format_these_tests_write_and_compares(multi30k_slice, refs, tmp_path):
-    """``train.py -m model=rnn seed=1,2`` (two tiny runs of 2 steps): one folder per job, one shared
+    """``train.py -m model=tiny_rnn seed=1,2`` (two tiny runs of 2 steps): one folder per job, one shared
     vocabulary, the files of tests/helpers.py ``write_run`` with the same keys; compare.py reads it."""
     from helpers import TINY_RNN
 
@@ -1068,5 +1068,5 @@ def test_a_real_sweep_has_the_format_these_tests_write_and_compares(multi30k_sli
     code, out, err = compare(sweep, "--bootstrap", 50)
     assert code == 0, err
     assert [(row[1], row[2]) for row in table(out, "Runs")] == [("rnn", "1"), ("rnn", "2")]
-    assert [row[:2] for row in table(out, "Seeds")] == [["rnn", "2"]]
+    assert [row[:2] for row in table(out, "Seeds")] == [["tiny_rnn", "2"]]
     assert "warning: no validation curve" not in err and (sweep / "comparison.png").is_file()

@@ -210,6 +210,15 @@ def test_an_rnn_checkpoint_is_refused_in_one_line(trained_synthetic_models, tmp_
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_a_transformer_with_additive_attention_is_refused_in_one_line(trained_attention_variants, tmp_path):
+    out = tmp_path / "export"
+    done = script_run(trained_attention_variants["transformer additive"][1], out)
+    assert_one_error_line(
+        done, "model.attention=additive: CTranslate2's Transformer has scaled dot-product attention only"
+    )
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_an_existing_folder_is_never_replaced(checkpoint, tmp_path):
     out = tmp_path / "export"
     out.mkdir()

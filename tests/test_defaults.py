@@ -134,6 +134,27 @@ def test_a_yaml_that_sets_nothing_composes_to_its_schemas_defaults(group, name):
     assert OmegaConf.to_object(compose([f"{group}={name}"])[group]) == schema()
 
 
+# Files that set nothing over another option: a name of their own for it (trainer/tiny_rnn.yaml is
+# the recipe of trainer/rnn.yaml, so that model=tiny_rnn finds a trainer: conf/config.yaml).
+ALIASES = [
+    (group, name)
+    for group, name in FILES
+    if not own_values(group, name) and extends(group, name) and not schema_node(group, name)
+]
+
+
+@pytest.mark.parametrize("group, name", ALIASES, ids=[f"{group}/{name}" for group, name in ALIASES])
+def test_a_yaml_that_sets_nothing_composes_to_the_option_it_extends(group, name):
+    assert compose([f"{group}={name}"])[group] == compose([f"{group}={extends(group, name)}"])[group]
+
+
+@pytest.mark.parametrize("name", options("model"))
+def test_every_model_option_has_a_trainer_of_its_name(name):
+    """conf/config.yaml picks ``trainer: ${model}``: a model option without a trainer of the same
+    name composes only with ``trainer=NAME`` given."""
+    assert name in options("trainer")
+
+
 def test_the_default_recipe_is_the_dataclasses_defaults():
     """``python train.py`` trains with ``TrainerConfig()`` and ``TransformerConfig()`` and reads
     ``DataConfig()``'s data set: their YAML files set nothing but the data set's hub."""

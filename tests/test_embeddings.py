@@ -7,10 +7,7 @@ import torch
 
 from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding, sinusoidal_table
 
-
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
+pytestmark = pytest.mark.usefixtures("seed")  # torch seeded before each test (conftest.py)
 
 
 @pytest.mark.parametrize("dim", [8, 16])

@@ -29,8 +29,8 @@ from data.tokenizer import normalize
 from inference.decoding import translate_split
 from inference.translator import Translator
 from training import distributed
-from training.validation import corpus_scores
 from training.trainer import Trainer
+from training.validation import corpus_scores
 
 from helpers import (
     LEARNING_PAIRS,

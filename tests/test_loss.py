@@ -10,9 +10,7 @@ from training.step import label_smoothed_nll
 V = 30
 
 
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
+pytestmark = pytest.mark.usefixtures("seed")  # torch seeded before each test (conftest.py)
 
 
 def example():

@@ -487,7 +487,14 @@ def test_bench_attention_times_a_small_grid(real_runs):
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| cpu | 32 | 16 |")]
     functions = [row.split("|")[4].strip() for row in rows]
-    assert functions == ["additive", "general", "scaled_dot", "multihead", "multihead weights", "multihead additive"]
+    assert functions == [
+        "additive",
+        "general",
+        "scaled_dot",
+        "multihead",
+        "multihead weights",
+        "multihead additive",
+    ]
 
 
 # ----- make -----

@@ -1,6 +1,7 @@
 """The encoder-decoder contract (models/seq2seq.py), checked on both families (models/rnn.py,
 models/transformer.py): incremental decoding, causality, masks, attention weights, ties, gradients."""
 
+from dataclasses import replace
 from typing import Callable, Dict, NamedTuple
 
 import pytest
@@ -12,8 +13,13 @@ from models.build import build_model, count_parameters
 from models.config import RNNConfig, TransformerConfig
 from models.embeddings import OutputLayer, TokenEmbedding
 from models.rnn import RNNModel
-from models.seq2seq import ATTENTION_KEYS, map_state
+from models.search import map_state
+from models.seq2seq import ATTENTION_KEYS
 from models.transformer import Transformer
+
+from helpers import tiny_model_config
+
+pytestmark = pytest.mark.usefixtures("seed")  # torch seeded before each test (conftest.py)
 
 V = 50
 
@@ -27,15 +33,13 @@ class Family(NamedTuple):
 
 
 def tiny_rnn(src_vocab: int = V, **overrides) -> RNNModel:
-    """A GRU model of width 32, in eval mode unless changed."""
-    values = dict(embed_dim=24, hidden_size=32, attention_size=16)
-    return RNNModel(RNNConfig(**{**values, **overrides}), src_vocab, V).eval()
+    """The tiny RNN (conf/model/tiny_rnn.yaml) with ``overrides``, in eval mode unless changed."""
+    return RNNModel(replace(tiny_model_config("rnn"), **overrides), src_vocab, V).eval()
 
 
 def tiny_transformer(src_vocab: int = V, **overrides) -> Transformer:
-    """A two-layer Transformer of width 32, in eval mode unless changed."""
-    values = dict(d_model=32, n_heads=4, ff_size=64, encoder_layers=2, decoder_layers=2, max_positions=64)
-    return Transformer(TransformerConfig(**{**values, **overrides}), src_vocab, V).eval()
+    """The tiny Transformer (conf/model/tiny_transformer.yaml) with ``overrides``, in eval mode unless changed."""
+    return Transformer(replace(tiny_model_config("transformer"), **overrides), src_vocab, V).eval()
 
 
 FAMILIES = {
@@ -44,7 +48,8 @@ FAMILIES = {
         lambda m: m.encoder.embed,
         lambda m: m.decoder.embed,
         lambda m: m.decoder.output,
-        lambda m: {"cross": (1, 1), "encoder_self": (0, 1), "decoder_self": (0, 1)},  # 1 additive head
+        # one cross layer: one head, or model.attention_heads of multihead attention
+        lambda m: {"cross": (1, m.decoder.attention.n_heads), "encoder_self": (0, 1), "decoder_self": (0, 1)},
     ),
     "transformer": Family(
         tiny_transformer,
@@ -69,7 +74,16 @@ VARIANTS = [
     ("transformer", dict(norm="post", positions="sinusoidal")),
     ("transformer", dict(norm="pre", positions="learned")),
     ("transformer", dict(norm="post", positions="learned")),
+    # The tiny RNN is 64 wide throughout: sizes apart here, so that a mixed-up dimension fails.
+    ("rnn", dict(cell="gru", embed_dim=24, attention_size=16)),
+    # Every attention function of each family (model.attention).
+    ("rnn", dict(attention="general")),
+    ("rnn", dict(attention="scaled_dot", attention_size=16)),
+    ("rnn", dict(attention="multihead", attention_heads=4, cell="lstm")),
+    ("transformer", dict(attention="additive")),
+    ("transformer", dict(attention="additive", norm="post", positions="learned")),
 ]
+RNN_MULTIHEAD, TRANSFORMER_ADDITIVE = VARIANTS[-3], VARIANTS[-2]
 
 
 def variant_id(variant) -> str:
@@ -84,11 +98,6 @@ def model_of(variant, **extra) -> nn.Module:
 
 each_variant = pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 each_family = pytest.mark.parametrize("family", list(FAMILIES))
-
-
-@pytest.fixture(autouse=True)
-def seed():
-    torch.manual_seed(0)
 
 
 def batch():
@@ -303,7 +312,9 @@ def test_encoder_self_attention_of_encode_is_that_of_the_full_pass(family):
         torch.testing.assert_close(ours, theirs)
 
 
-@pytest.mark.parametrize("variant", [VARIANTS[1], VARIANTS[3], VARIANTS[4]], ids=variant_id)
+@pytest.mark.parametrize(
+    "variant", [VARIANTS[1], VARIANTS[3], VARIANTS[4], RNN_MULTIHEAD, TRANSFORMER_ADDITIVE], ids=variant_id
+)
 def test_attention_weights_of_a_decoding_step(variant):
     """``(B, S)`` per step: the last cross layer of the full pass, averaged over its heads."""
     model = model_of(variant)
@@ -350,6 +361,21 @@ def test_untied_output_layer_is_its_own_parameter(family):
 def test_parameter_count_of_the_default_config(cfg, params):
     """The numbers in docs/training.md and conf/model/*.yaml (joint 8k vocabulary)."""
     assert count_parameters(build_model(cfg, 8000, 8000)) == params
+
+
+@pytest.mark.parametrize(
+    "family, vocab, params",
+    [
+        ("rnn", 1000, 200_512),
+        ("transformer", 1000, 231_680),
+        ("rnn", 8000, 648_512),
+        ("transformer", 8000, 679_680),
+    ],
+)
+def test_parameter_count_of_the_tiny_config(family, vocab, params):
+    """The numbers in conf/model/tiny_*.yaml (a joint vocabulary of 1,000, the debug run's) and in
+    docs/training.md (a joint 8k vocabulary)."""
+    assert count_parameters(build_model(tiny_model_config(family), vocab, vocab)) == params
 
 
 @pytest.mark.parametrize(

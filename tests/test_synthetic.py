@@ -13,13 +13,21 @@ import sacrebleu
 import sentencepiece as spm
 from synthetic import VOCAB_SIZE, WORDS, exact_match, write_corpus
 
-from data.corpus import TEST_PREFIX, read_lines, split_files
+from data.corpus import TEST_PREFIX, VALID, read_lines, split_files
 from data.tokenizer import spm_options, train_model
-from inference.decoding import translate_split
+from inference.decoding import decode_ids, output_attention, translate_split
+from inference.translator import Translator
+from viewer.summaries import Texts, encode
 
 from helpers import SPLIT
 
 FAMILIES = ["rnn", "transformer"]
+VARIANTS = [
+    "rnn general",
+    "rnn scaled_dot",
+    "rnn multihead",
+    "transformer additive",
+]  # conftest.py ATTENTION_VARIANTS
 
 
 def test_the_corpus_is_the_same_bytes_for_the_same_seed_and_targets_are_reversed(synthetic_corpus, tmp_path):
@@ -45,14 +53,77 @@ def test_every_word_is_one_piece_at_the_tasks_vocabulary_size(synthetic_corpus):
     assert all(len(model.encode(word)) == 1 for word in WORDS)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_model_family_learns_to_reverse_unseen_sequences(family, trained_synthetic_models):
-    trainer, _, seconds = trained_synthetic_models[family]
+def held_out_scores(trainer):
+    """BLEU and exact matches of greedy decoding of the held-out split, and the hypotheses."""
     test = trainer.data.datasets[SPLIT]
     references = trainer.data.tokenizer.decode_tgt(test.tgt)
     hypotheses = translate_split(trainer.model, test, trainer.data.tokenizer, 4000, trainer.device)
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
-    exact = exact_match(hypotheses, references)
+    return (
+        sacrebleu.corpus_bleu(hypotheses, [references]).score,
+        exact_match(hypotheses, references),
+        hypotheses,
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_model_family_learns_to_reverse_unseen_sequences(family, trained_synthetic_models):
+    trainer, _, seconds = trained_synthetic_models[family]
+    bleu, exact, hypotheses = held_out_scores(trainer)
     print(f"{family}: {trainer.progress.step} steps, {seconds:.0f} s, BLEU {bleu:.1f}, exact {exact:.2f}")
     assert bleu > 60.0, f"{family} reached only {bleu:.1f} BLEU on the held-out reversals: {hypotheses[:3]}"
     assert exact > 1 / 3, f"{family} got only {exact:.2f} of the held-out reversals exactly right"
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_attention_function_learns_to_reverse_unseen_sequences(name, trained_attention_variants):
+    """The same bar as the families' defaults (with the steps and rate each needs: conftest.py)."""
+    trainer, _, seconds = trained_attention_variants[name]
+    bleu, exact, hypotheses = held_out_scores(trainer)
+    print(f"{name}: {trainer.progress.step} steps, {seconds:.0f} s, BLEU {bleu:.1f}, exact {exact:.2f}")
+    assert bleu > 60.0, f"{name} reached only {bleu:.1f} BLEU on the held-out reversals: {hypotheses[:3]}"
+    assert exact > 1 / 3, f"{name} got only {exact:.2f} of the held-out reversals exactly right"
+
+
+def test_every_attention_function_translates_and_ensembles_from_its_checkpoint(trained_attention_variants):
+    """Each checkpoint translates with beam search, n-best and alignments; all of them (one vocabulary:
+    the task's) decode as one ensemble that reverses as well as its members."""
+    trainer = trained_attention_variants["rnn additive"][0]
+    sources = trainer.data.sources[SPLIT][:20]
+    references = [" ".join(reversed(source.split())) for source in sources]
+    for name, (_, checkpoint, _) in trained_attention_variants.items():
+        results = Translator.from_checkpoint(checkpoint, "cpu").translate(
+            sources, beam=3, nbest=2, alignments=True
+        )
+        hypotheses = [result.text for result in results]
+        assert exact_match(hypotheses, references) > 1 / 3, (name, hypotheses[:3])
+        assert all(len(result.nbest) == 2 and result.alignment for result in results), name
+    ensemble = Translator.from_checkpoints([c for _, c, _ in trained_attention_variants.values()], "cpu")
+    hypotheses = [result.text for result in ensemble.translate(sources, beam=3)]
+    assert exact_match(hypotheses, references) > 1 / 2, hypotheses[:3]
+
+
+def test_every_attention_function_shows_its_heads_in_the_attention_tab(trained_attention_variants):
+    """The Attention tab's summary of one validation sentence (what training writes at every
+    evaluation): the RNN's multi-head attention as its heads, the single-head functions as one."""
+    expected_heads = {"rnn additive": 1, "rnn general": 1, "rnn scaled_dot": 1, "rnn multihead": 4}
+    for name, (trainer, _, _) in trained_attention_variants.items():
+        found = decode_ids(trainer.model, trainer.data.datasets[VALID], 4000, trainer.device)[:1]
+        attention, src_ids, out_ids = output_attention(
+            trainer.model, trainer.data.datasets[VALID], found, trainer.device
+        )
+        tok = trainer.data.tokenizer
+        texts = Texts("source", "reference", "hypothesis")
+        header, blob = encode(
+            attention,
+            0,
+            tok.src_pieces(src_ids[0]),
+            tok.tgt_pieces(out_ids[0]),
+            texts,
+            trainer.model.cfg.name,
+        )
+        cross = [m for m in header["maps"] if m["kind"] == "cross"]
+        heads = expected_heads.get(
+            name, trainer.model.cfg.n_heads if name.startswith("transformer") else None
+        )
+        assert [m["heads"] for m in cross][-1] == heads, name
+        assert len(blob) == sum(m["heads"] * m["rows"] * m["cols"] for m in header["maps"])

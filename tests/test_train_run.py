@@ -15,13 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from training.run import train
 
-TINY_TRANSFORMER = [
-    "model.d_model=64",
-    "model.n_heads=4",
-    "model.ff_size=128",
-    "model.encoder_layers=2",
-    "model.decoder_layers=2",
-]
+from helpers import ROOT, SPLIT, TINY_RNN, TINY_TRANSFORMER
 
 
 def run_overrides(slice_dir: Path, cache: Path, *extra: str):
@@ -134,16 +128,63 @@ def test_rnn_run_draws_its_additive_attention(multi30k_slice, compose_config, tm
     overrides = run_overrides(
         multi30k_slice,
         tmp_path / "cache",
-        "model=rnn",
-        "model.embed_dim=32",
-        "model.hidden_size=32",
-        "model.attention_size=32",
+        *TINY_RNN,
         "trainer.max_steps=2",
     )
     results = train(compose_config(overrides), tmp_path / "run")
     assert results["model"] == "rnn" and results["steps"] == 2
     images = set(scalar_and_image_tags(tmp_path / "run" / "tb")["images"])
     assert images == {"attention/sent0/cross_layer1", "attention/sent1/cross_layer1"}
+
+
+def test_the_debug_experiment_writes_every_output_of_a_run(multi30k_slice, tmp_path):
+    """``python train.py +experiment=debug data.root=DIR`` as docs/training.md gives it, on the slice:
+    the tiny Transformer evaluated twice, every file a real run writes."""
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "+experiment=debug",
+            f"data.root={multi30k_slice}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"hydra.run.dir={run}",
+            "device=cpu",  # the CPU path, also on a machine with a GPU
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert {".hydra", "checkpoints", "tb", "results.json", "train.log", f"{SPLIT}.hyp", f"{SPLIT}.ref"} <= {
+        p.name for p in run.iterdir()
+    }
+    checkpoints = {p.name for p in (run / "checkpoints").iterdir()}
+    assert checkpoints == {"best.pt", "last.pt", "average.pt", "step_0000020.pt", "step_0000040.pt"}
+    results = json.loads((run / "results.json").read_text())
+    assert results["model"] == "transformer" and results["steps"] == 40
+    assert [h["step"] for h in results["valid_history"]] == [20, 40]
+    assert set(results["test_weights"]["valid_bleu"]) == {"best.pt", "average.pt"}
+    assert list(results["test"]) == [SPLIT]
+    assert len((run / f"{SPLIT}.hyp").read_text(encoding="utf-8").splitlines()) == 30
+    tags = scalar_and_image_tags(run / "tb")
+    assert {"train/loss", "valid/bleu", "valid/chrf"} <= set(tags["scalars"])
+    assert tags["images"] and all(tag.startswith("attention/sent0/") for tag in tags["images"])
+    assert {tag for tag in tags["tensors"] if tag.startswith("samples/")} == {"samples/sent0/text_summary"}
+
+
+def test_the_debug_experiment_takes_the_tiny_rnn_and_keeps_its_own_settings(compose_config):
+    """``model=tiny_rnn`` replaces the experiment's model; the RNN's recipe (no average) does not
+    replace the experiment's trainer settings; runs go to a folder of their own."""
+    transformer = compose_config(["+experiment=debug"], hydra_config=True)
+    rnn = compose_config(["+experiment=debug", "model=tiny_rnn"], hydra_config=True)
+    assert transformer.hydra.runtime.choices.model == "tiny_transformer"
+    assert rnn.hydra.runtime.choices.model == rnn.hydra.runtime.choices.trainer == "tiny_rnn"
+    assert rnn.trainer.lr == compose_config(["model=rnn"]).trainer.lr  # the RNN's recipe
+    for cfg in (transformer, rnn):
+        assert (cfg.trainer.max_steps, cfg.trainer.eval_every, cfg.trainer.average_last) == (40, 20, 2)
+        assert cfg.hydra.run.dir.startswith("outputs/debug/")
 
 
 def free_port() -> int:

@@ -23,7 +23,7 @@ from viewer.format import PLUGIN_NAME, SCALE, decode, spans, summary_of
 from viewer.plugin import AttentionLoader, at_step, sentence_number
 from viewer.summaries import Texts, encode, words_of
 
-from helpers import TINY_RNN, TINY_TRANSFORMER, compose, tiny_run
+from helpers import TINY_RNN, TINY_TRANSFORMER, compose, tiny_model_config, tiny_run
 
 EVALS = 12  # steps of the synthetic run: more than TensorBoard keeps of a tag by default (10)
 TEXTS = Texts("Ein Mann.", "A man.", "A man.")
@@ -296,8 +296,9 @@ def assert_every_map_of_the_tiny_transformer(header, weights):
     sizes = {"cross": (n_out, n_src), "encoder_self": (n_src, n_src), "decoder_self": (n_out, n_out)}
     maps = maps_of(header, weights)
     assert sorted(maps) == sorted((kind, layer) for kind in sizes for layer in (1, 2))
+    heads = tiny_model_config("transformer").n_heads
     for (kind, _), array in maps.items():
-        assert array.shape == (2, *sizes[kind])  # 2 heads
+        assert array.shape == (heads, *sizes[kind])
         assert (abs(array.astype(int).sum(-1) - SCALE) <= array.shape[-1] / 2).all()  # rows: the whole weight
     upper = np.triu_indices(n_out, 1)
     assert not maps[("decoder_self", 1)][:, upper[0], upper[1]].any()  # causal: no weight on later tokens

@@ -39,8 +39,8 @@ WAIT = 20  # seconds for the page to show what a step asked for
 TAG = "nmt_attention/sent0"
 SCREENSHOTS = os.environ.get("VIEWER_SCREENSHOTS")
 
-# The quick runs: a few steps of the tiny RNN and of a tiny two-layer Transformer (two layers of
-# two heads: enough to switch layer and head). The RNN is evaluated at steps 2 and 4, the
+# The quick runs: a few steps of the tiny RNN and of the tiny Transformer (two layers of four
+# heads: enough to switch layer and head). The RNN is evaluated at steps 2 and 4, the
 # Transformer at step 4 only (its attention images take seconds), so the RNN's step 2 shows
 # beside the Transformer's nearest step.
 QUICK = {
