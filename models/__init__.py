@@ -20,7 +20,7 @@ Shapes in docstrings and comments, here and in ``inference/``, ``data/batching.p
 - inner sizes are lower case: ``d_k = D / H`` the size of a head's queries and keys, ``d_v`` that of
   its values (``d_k`` too here), ``d_a`` the additive attention's hidden size (``attention_size``),
   ``d_ff`` the feed-forward size; ``D_query``, ``D_key``, ``D_value`` are the input sizes of
-  additive attention (in the RNN ``D``, ``2D``, ``2D``);
+  a single-head attention (in the RNN ``D``, ``2D``, ``2D``);
 - any other size is written as the name of its variable, as ``(window,)``; letters inside a formula
   of a paper (``softmax(Q K^T / sqrt(d_k)) V``, ``W_k h``) name matrices, not sizes.
 """

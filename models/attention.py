@@ -1,4 +1,4 @@
-"""Attention: one recipe, five score functions, one interface.
+"""Attention: one recipe, three scores in five classes, one interface.
 
 Every attention here follows one recipe. A query ``q`` is scored against every key ``k_i`` with a
 score function ``a(q, k_i)``; a softmax over the keys turns the scores into weights; the output is
@@ -339,8 +339,16 @@ class MultiHeadAdditiveAttention(MultiHeadAttention):
     d_k)`` tensor: ``d_k`` times the memory of the dot product's weights), and no fused kernel.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, **sizes: Optional[int]):
-        super().__init__(d_model, n_heads, dropout, **sizes)
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        query_size: Optional[int] = None,
+        key_size: Optional[int] = None,
+        out_size: Optional[int] = None,
+    ):
+        super().__init__(d_model, n_heads, dropout, query_size, key_size, out_size)
         self.score_proj = nn.Parameter(torch.empty(n_heads, self.d_head))  # w_v of every head
         nn.init.xavier_uniform_(self.score_proj)
 
@@ -376,14 +384,10 @@ def padding_mask_from_ids(ids: Tensor, pad_id: int) -> Tensor:
     return ids != pad_id  # (B, S)
 
 
-def key_mask(padding_mask: Tensor, n_heads_dim: bool = True) -> Tensor:
-    """Lift a ``(B, S)`` padding mask so that it hides the same keys from every query.
-
-    Returns ``(B, 1, 1, S)`` (broadcasts to multi-head scores ``(B, H, T, S)``) or, with
-    ``n_heads_dim=False``, ``(B, 1, S)`` (broadcasts to single-head scores ``(B, T, S)``).
-    """
-    mask = padding_mask.unsqueeze(1)  # (B, 1, S)
-    return mask.unsqueeze(1) if n_heads_dim else mask  # (B, 1, 1, S) or (B, 1, S)
+def key_mask(padding_mask: Tensor) -> Tensor:
+    """Lift a ``(B, S)`` padding mask so that it hides the same keys from every query: ``(B, 1, 1, S)``,
+    which broadcasts to the scores ``(B, H, T, S)`` of every function here (``H = 1`` for one head)."""
+    return padding_mask[:, None, None, :]  # (B, 1, 1, S)
 
 
 def causal_mask(

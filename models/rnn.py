@@ -156,6 +156,8 @@ class RNNDecoder(nn.Module):
         """
         query = state["hidden"][:, -1:]  # (B, 1, D) s_{t-1} of the top layer
         mask = key_mask(state["src_mask"])  # (B, 1, 1, S)
+        # the weights every step: alignments and forward(need_weights=True) take them (the explicit
+        # path, also for multihead: one query, so the fused kernel would save little)
         context, weights = self.attention.attend(
             query, state["cross_k"], state["cross_v"], mask, need_weights=True
         )  # (B, 1, 2D), (B, H, 1, S)

@@ -20,7 +20,7 @@ hypotheses: 0.5 BLEU less on the Multi30k validation set for a Transformer, at t
 
 Only the ``2K`` best tokens of each hypothesis can extend it into its sentence's ``2K`` best, so each
 step takes a top-``2K`` per row of logits and never writes a ``(K, V)`` table of scores. Rows of
-the state that depend only on the source (``models.seq2seq.SOURCE_KEYS``) are not reordered.
+the state that depend only on the source (``SOURCE_KEYS``) are not reordered.
 
 ``search(model, src, src_mask, bos_id, eos_id, options)`` is the one entry point of the rest of the
 project: greedy search for a beam of 1, else beam search. Its ``SearchOptions`` were checked when
@@ -40,7 +40,7 @@ from models.search_options import SearchOptions
 # Entries of a decoder state that depend on the source sentence only (the encoder output, its mask
 # and projections of it). Every hypothesis of a sentence holds the same rows there, so beam search
 # leaves them as they are when it reorders hypotheses within their sentences.
-SOURCE_KEYS = frozenset({"src_mask", "memory", "keys", "cross_k", "cross_v"})
+SOURCE_KEYS = frozenset({"src_mask", "cross_k", "cross_v"})
 
 
 def map_state(state: Any, fn: Callable[[Tensor], Tensor], skip: FrozenSet[str] = frozenset()) -> Any:

@@ -18,8 +18,8 @@ of lists with one ``(B, H, query, key)`` tensor per layer, first layer first::
     "encoder_self": [(B, H, S, S)]  per encoder layer: source over source
     "decoder_self": [(B, H, T, T)]  per decoder layer: target over target (causal)
 
-The RNN's additive attention is one cross layer with one head, ``[(B, 1, T, S)]``; it has no
-self-attention (empty lists). ``encode(..., need_weights=True)`` puts ``encoder_self`` in
+The RNN's attention is one cross layer, ``[(B, H, T, S)]`` (one head but for ``multihead``); it
+has no self-attention (empty lists). ``encode(..., need_weights=True)`` puts ``encoder_self`` in
 ``Encoded.attention``. Every row sums to 1 over the keys it may see and is 0 at the others.
 
 ``max_positions`` is the longest source or output the model can take (None: no limit).

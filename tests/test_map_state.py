@@ -31,17 +31,19 @@ def test_a_bare_tensor_and_other_leaves():
 
 def test_values_under_skipped_keys_stay_the_same_objects_at_any_depth():
     memory, mask, step = torch.randn(2, 5, 4), torch.ones(2, 5, dtype=torch.bool), torch.randn(2, 4)
-    state = {"memory": memory, "layers": [{"cross_k": memory, "self_k": step}], "src_mask": mask, "h": step}
+    state = {"cross_v": memory, "layers": [{"cross_k": memory, "self_k": step}], "src_mask": mask, "h": step}
     rows = torch.tensor([1, 1, 0])
     mapped = map_state(state, lambda x: x.index_select(0, rows), skip=SOURCE_KEYS)
     assert (
-        mapped["memory"] is memory and mapped["src_mask"] is mask and mapped["layers"][0]["cross_k"] is memory
+        mapped["cross_v"] is memory
+        and mapped["src_mask"] is mask
+        and mapped["layers"][0]["cross_k"] is memory
     )
     assert torch.equal(mapped["h"], step[[1, 1, 0]]) and torch.equal(
         mapped["layers"][0]["self_k"], step[[1, 1, 0]]
     )
     everything = map_state(state, lambda x: x.index_select(0, rows))  # no skip: the source entries too
-    assert torch.equal(everything["memory"], memory[[1, 1, 0]]) and everything["src_mask"].shape == (3, 5)
+    assert torch.equal(everything["cross_v"], memory[[1, 1, 0]]) and everything["src_mask"].shape == (3, 5)
 
 
 def test_skip_names_dict_keys_only():

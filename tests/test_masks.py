@@ -40,7 +40,6 @@ def test_padding_masks_from_lengths_and_ids_agree():
 def test_key_mask_shapes_broadcast_over_queries_and_heads():
     padding = padding_mask_from_lengths(torch.tensor([2, 3]))  # (B, S)
     assert key_mask(padding).shape == (2, 1, 1, 3)
-    assert key_mask(padding, n_heads_dim=False).shape == (2, 1, 3)
     scores = torch.zeros(2, 4, 5, 3)  # (B, H, T, S)
     assert torch.equal(key_mask(padding).expand_as(scores)[1, 2, 3], padding[1])
 

@@ -10,8 +10,9 @@ TensorBoard's list::
     attention/sent0/cross_layer3_head1 ...     every head of the last decoder layer
     attention/sent0/encoder_self_layer3_mean   the last encoder layer, heads averaged (if any)
 
-A layer with a single head (the RNN's additive attention: one layer, one head) is drawn as it is,
-without ``_mean`` and without head images: the RNN has the one image ``attention/sent0/cross_layer1``.
+A layer with a single head (the RNN's attention but ``multihead``: one layer, one head) is drawn as
+it is, without ``_mean`` and without head images: such an RNN has the one image
+``attention/sent0/cross_layer1``.
 
 Beside the images, every map of every layer and head of the same sentences is stored for the
 attention viewer's TensorBoard tab (``viewer/``): one summary per sentence, ``nmt_attention/sent0``.
