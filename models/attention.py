@@ -102,8 +102,29 @@ def weighted_values(
     return torch.matmul(dropped, v), weights  # (..., T, d_v), (..., T, S)
 
 
+# ----- the interface every function shares -----
+class AttentionFunction(nn.Module):
+    """What a decoder or layer sees of any attention function: ``project_kv`` (what does not depend
+    on the query, computed once and cached), ``attend`` (a subclass's) and ``forward``, which is
+    exactly ``attend(query, *project_kv(key, value), ...)``."""
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Optional[Tensor] = None,
+        need_weights: bool = False,
+        causal: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attend from ``query`` ``(B, T, D_query)`` over ``key``/``value`` ``(B, S, D_key)`` (the query
+        itself for self-attention); ``need_weights``: return the weights (for multi-head attention
+        the explicit path instead of the fused kernel, with the same output)."""
+        return self.attend(query, *self.project_kv(key, value), mask, need_weights, causal)
+
+
 # ----- single-head attention over values as they are (the RNN's choices) -----
-class SingleHeadAttention(nn.Module):
+class SingleHeadAttention(AttentionFunction):
     """The part of the three single-head functions that does not depend on the score: one head, the
     values attended as they are (the context is a weighted sum of the encoder states), the key
     projection done once per sentence. A subclass sets ``project_query``, ``project_keys`` and
@@ -138,17 +159,6 @@ class SingleHeadAttention(nn.Module):
             self.score(q, k), v, mask, dropout_p
         )  # (B, 1, T, D_value), (B, 1, T, S)
         return context.squeeze(1), weights if need_weights else None  # (B, T, D_value), (B, 1, T, S)
-
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Optional[Tensor] = None,
-        need_weights: bool = False,
-        causal: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        return self.attend(query, *self.project_kv(key, value), mask, need_weights, causal)
 
 
 class AdditiveAttention(SingleHeadAttention):
@@ -222,7 +232,7 @@ class ScaledDotAttention(SingleHeadAttention):
 
 
 # ----- multi-head attention (the Transformer's choices; the RNN's multihead) -----
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(AttentionFunction):
     """Multi-head scaled dot-product attention (Vaswani et al. 2017, section 3.2.2).
 
     ``MultiHead(Q, K, V) = Concat(head_1, ..., head_H) W_O`` with
@@ -313,21 +323,6 @@ class MultiHeadAttention(nn.Module):
         )  # (B, H, T, d_k), (B, H, T, S) or None
         out = self.out_proj(self.merge_heads(heads))  # (B, T, D_out)
         return zero_empty_rows(out, mask), weights  # (B, T, D_out), (B, H, T, S) or None
-
-    def forward(
-        self,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        mask: Optional[Tensor] = None,
-        need_weights: bool = False,
-        causal: bool = False,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Multi-head attention of ``query`` ``(B, T, D_query)`` over ``key``/``value``
-        ``(B, S, D_key)`` (the query itself for self-attention); ``need_weights``: return the
-        weights (explicit path) instead of using the fused kernel, with the same output."""
-        k, v = self.project_kv(key, value)  # (B, H, S, d_k) each
-        return self.attend(query, k, v, mask, need_weights, causal)
 
 
 class MultiHeadAdditiveAttention(MultiHeadAttention):

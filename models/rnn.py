@@ -34,6 +34,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from models.attention import (
     AdditiveAttention,
+    AttentionFunction,
     GeneralAttention,
     MultiHeadAttention,
     ScaledDotAttention,
@@ -51,9 +52,8 @@ State = Dict[str, Tensor]
 def make_rnn(
     cell: str, input_size: int, hidden_size: int, layers: int, dropout: float, bidirectional: bool
 ) -> nn.RNNBase:
-    """A batch-first GRU or LSTM of ``layers`` layers, dropout between them."""
-    if cell not in ("gru", "lstm"):
-        raise ValueError(f"model.cell must be 'gru' or 'lstm', got {cell!r}")
+    """A batch-first GRU or LSTM of ``layers`` layers, dropout between them (``cell``: checked by
+    ``RNNConfig``)."""
     rnn_class = nn.GRU if cell == "gru" else nn.LSTM
     return rnn_class(
         input_size,
@@ -75,7 +75,7 @@ def run_rnn(rnn: nn.RNNBase, inputs, hx=None):
         return rnn(inputs, hx)
 
 
-def cross_attention(cfg: RNNConfig) -> nn.Module:
+def cross_attention(cfg: RNNConfig) -> AttentionFunction:
     """The decoder's attention ``model.attention`` from its state (``D``) over the encoder states
     (``2D``); its context is ``2D`` whatever the choice."""
     query, memory, size = cfg.hidden_size, 2 * cfg.hidden_size, cfg.attention_size

@@ -160,8 +160,6 @@ class Transformer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int = 0):
         super().__init__()
-        if cfg.norm not in ("pre", "post"):
-            raise ValueError(f"model.norm must be 'pre' or 'post', got {cfg.norm!r}")
         self.cfg, self.pad_id = cfg, pad_id
         self.max_positions = cfg.max_positions  # longest source or output it can take
         self.tgt_embed = TokenEmbedding(tgt_vocab_size, cfg.d_model, pad_id, scale=True)
