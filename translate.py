@@ -10,9 +10,11 @@ Within the tool, sentences are sorted by length and decoded ``--batch-size`` at 
 - ``--nbest N``: ``N`` lines ``index ||| hypothesis ||| score`` per sentence (index from 0, score the
   length-normalised log-probability), best first.
 - ``--alignments``: a tab, then Pharaoh word alignments ``i-j`` (source word ``i``, output word
-  ``j``, from 0) after each translation, from the attention while the model produces its output
-  (the RNN's, the Transformer's last cross-attention layer averaged over heads), summed into words
+  ``j``, from 0) after each translation, from the model's cross-attention over its own output fed
+  back teacher-forced (``inference/forced_alignment.py``), summed into words
   (``inference/alignment.py``). ``--plot DIR``: one PNG heatmap of it per sentence.
+  ``--align-layer N|all``, ``--align-heads N[,N]|all`` and ``--align-reading predict|read`` choose
+  the maps (``inference/align_method.py``; without them each family's measured default).
 - ``--checkpoint A.pt --checkpoint B.pt``: an ensemble (``models/ensemble.py``: the mean of the
   models' log-probabilities, each model with its own decoder state) of models that share their
   SentencePiece model, else one ``error:`` line; ``--alpha`` defaults to the runs' mean.
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 # None of these imports torch: the command line is checked before torch and the models load.
 from data.errors import DataError
+from inference.align_method import READINGS, Method, parse_method
 from inference.command_line import Output, UsageError, check_model_path, read_input, show_warnings
 from inference.ctranslate2_export import ExportError
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, SearchOptionError, SearchOptions
@@ -120,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-len-extra", type=int, default=MAX_LEN_EXTRA, help="... plus this many tokens")
     add("--alignments", action="store_true", help="append a tab and Pharaoh word alignments i-j")
     add("--plot", metavar="DIR", help="write one attention heatmap PNG per sentence into DIR")
+    add("--align-layer", metavar="N|all", help="alignments from this decoder layer (all: their mean)")
+    add("--align-heads", metavar="N[,N]|all", help="... from these heads (all: their mean)")
+    add(
+        "--align-reading",
+        choices=READINGS,
+        help="... at the step that predicts a word or the one that reads it",
+    )
     return parser
 
 
@@ -151,8 +161,27 @@ def check_args(args: argparse.Namespace) -> None:
         )
     for path in args.checkpoint:
         check_model_path(Path(path), args.engine)
+    method = align_method(args)  # checked here, before torch loads
+    if args.engine == "ctranslate2" and method is not None:
+        raise UsageError(
+            "--align-layer/--align-heads/--align-reading choose among our engine's maps: use --engine torch "
+            "(a CTranslate2 export gives its alignment layer only)"
+        )
     if args.input and not Path(args.input).is_file():
         raise UsageError(f"input file {args.input} does not exist")
+
+
+def align_method(args: argparse.Namespace) -> Optional[Method]:
+    """The ``--align-*`` choice (a flag left out: all layers, all heads, predict), or None when none
+    is given (each family's default method)."""
+    if args.align_layer is None and args.align_heads is None and args.align_reading is None:
+        return None
+    try:
+        return parse_method(
+            args.align_layer or "all", args.align_heads or "all", args.align_reading or "predict"
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
@@ -163,6 +192,7 @@ def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
         nbest=args.nbest or 1,
         batch_size=args.batch_size,
         alignments=bool(args.alignments or args.plot),  # plots need the word attention too
+        align_method=align_method(args),
         max_len_ratio=args.max_len_ratio,
         max_len_extra=args.max_len_extra,
     )

@@ -1,4 +1,5 @@
-"""Word alignments from attention: subword weights summed into words, Pharaoh ``i-j`` output.
+"""Word alignments from attention: subword weights summed into words, each target word linked to one
+source word (``inference.aer.pharaoh`` writes the links as Pharaoh ``i-j``).
 
 Subword pieces come from SentencePiece, where a piece that starts with ``▁`` (U+2581) starts a
 word. A target word's attention row is the mean of its pieces' rows, a source word's weight the
@@ -74,8 +75,3 @@ def hard_alignment(words: Tensor) -> List[Tuple[int, int]]:
     if words.numel() == 0:
         return []
     return [(int(i), j) for j, i in enumerate(words.argmax(dim=1).tolist())]
-
-
-def pharaoh(pairs: Sequence[Tuple[int, int]]) -> str:
-    """``[(0, 0), (2, 1)]`` -> ``"0-0 2-1"`` (source index first, 0-based)."""
-    return " ".join(f"{i}-{j}" for i, j in pairs)

@@ -30,12 +30,14 @@ alignments are the Translator's, as for a checkpoint. Kept as in our own search:
 import ctypes
 import logging
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import ctranslate2
 import torch
+from torch import Tensor
 
 from data.tokenizer import Tokenizer
+from inference.align_method import Method
 from inference.ctranslate2_export import ExportError, read_export, spm_files
 from inference.translator import Translator
 from models.search import Hypothesis, length_penalty
@@ -177,6 +179,21 @@ class CTranslate2Engine:
                 )  # (T + 1, S)
             found.append(Hypothesis(tokens, score, attention, finished=finished))
         return sorted(found, key=lambda hyp: hyp.score, reverse=True)
+
+    search_weights = True  # the engine returns each output token's attention while it decodes
+
+    def check_method(self, method: Optional[Method]) -> None:
+        """The export gives one attention (its alignment layer, set in the spec): a chosen method is a
+        one-line ``ValueError``."""
+        if method is not None:
+            raise ValueError(
+                f"alignments by {method.label}: the CTranslate2 engine gives only the export's alignment "
+                "layer (the last, mean of heads, predict); choose the method with --engine torch"
+            )
+
+    def align(self, src_ids: List[int], hyps: Sequence[Hypothesis], method: Optional[Method]) -> List[Tensor]:
+        """The attention the engine returned with each hypothesis, ``(T + 1, S)`` (EOS row last)."""
+        return [hyp.alignment for hyp in hyps]
 
     def decode(self, batch: List[List[int]], options: SearchOptions) -> List[List[Hypothesis]]:
         """The ``options.nbest`` best hypotheses of each source id list of ``batch`` (EOS included)."""

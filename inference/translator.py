@@ -33,7 +33,10 @@ from common.device import decode_precision, pick_device, precision_name, set_thr
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
-from inference.alignment import hard_alignment, pharaoh, piece_words, word_attention
+from inference.aer import pharaoh
+from inference.align_method import DEFAULT_METHODS, Method
+from inference.alignment import hard_alignment, piece_words, word_attention
+from inference.forced_alignment import cross_maps, method_map
 from models.build import build_model
 from models.config import config_from_dict
 from models.ensemble import Ensemble
@@ -197,12 +200,36 @@ class TorchEngine:
         self.autocast = use_precision(device, amp, tf32)
         self.dtype = precision_name(device, amp, tf32)
 
+    search_weights = False  # alignments come from a forced pass over the hypotheses (align), not the search
+
     def decode(self, batch: List[List[int]], options: SearchOptions) -> List[List[Hypothesis]]:
         """The n-best hypotheses of a batch of source id lists (EOS included)."""
         src = pad(batch, PAD_ID).to(self.device)  # (B, S)
         src_mask = source_mask(src)  # (B, S)
         with self.autocast():
             return search(self.model, src, src_mask, BOS_ID, EOS_ID, options, pad_id=PAD_ID)
+
+    def members(self) -> List[nn.Module]:
+        """The models that decode: the ensemble's members, or the one model."""
+        return list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
+
+    def check_method(self, method: Optional[Method]) -> None:
+        """A one-line ``ValueError`` when a member has no such layer or head (None: each family's default)."""
+        for model in self.members():
+            cross = model.attention_modules()["cross"]
+            (method or DEFAULT_METHODS[model.cfg.name]).check(len(cross), cross[0].n_heads)
+
+    def align(self, src_ids: List[int], hyps: Sequence[Hypothesis], method: Optional[Method]) -> List[Tensor]:
+        """Each hypothesis's ``(T, S)`` source attention by ``method`` (None: each member's family
+        default, ``DEFAULT_METHODS``): its tokens fed teacher-forced, the members' maps averaged."""
+        tokens = [hyp.tokens for hyp in hyps]
+        per_member = []
+        for model in self.members():
+            with self.autocast():
+                maps = cross_maps(model, [src_ids] * len(hyps), tokens)  # (L, H, T + 1, S) each
+            chosen = method or DEFAULT_METHODS[model.cfg.name]
+            per_member.append([method_map(m, chosen) for m in maps])  # (T, S) each
+        return [torch.stack(rows).mean(dim=0) for rows in zip(*per_member)]  # (T, S) each
 
 
 class Translator:
@@ -300,6 +327,7 @@ class Translator:
         alpha: Optional[float] = None,
         nbest: int = 1,
         alignments: bool = False,
+        align_method: Optional[Method] = None,
         batch_size: int = 64,
         max_len_ratio: float = MAX_LEN_RATIO,
         max_len_extra: int = MAX_LEN_EXTRA,
@@ -308,7 +336,9 @@ class Translator:
         """One ``Translation`` per sentence, in the input order, with its ``nbest`` best hypotheses.
 
         ``beam`` 1 is greedy search; ``alpha`` the GNMT length penalty (None: the run's);
-        ``alignments`` adds Pharaoh word alignments and word attention; the longest output is
+        ``alignments`` adds Pharaoh word alignments and word attention, by ``align_method`` (a
+        layer, heads and reading: ``inference.forced_alignment``; None: each family's default);
+        the longest output is
         ``max_len_ratio`` x source tokens + ``max_len_extra``. Warnings name sentence ``i`` as line
         ``first_line + i``. Bad arguments raise ``ValueError`` before anything is decoded.
         """
@@ -320,16 +350,18 @@ class Translator:
             nbest=nbest,
             max_len_ratio=max_len_ratio,
             max_len_extra=max_len_extra,
-            need_weights=alignments,
+            need_weights=alignments and self.engine.search_weights,
         )
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: must be at least 1")
+        if alignments:
+            self.engine.check_method(align_method)
         results = [blank_translation(alignments) for _ in sentences]
         todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
         ids = self.encode([sentences[i] for i in todo], [first_line + i for i in todo])
         for chunk in length_batches([len(row) for row in ids], batch_size):
             for k, hyps in zip(chunk, self.engine.decode([ids[k] for k in chunk], options)):
-                results[todo[k]] = self.result(ids[k], hyps, alignments)
+                results[todo[k]] = self.result(ids[k], hyps, alignments, align_method)
         return results
 
     def encode(self, sentences: Sequence[str], numbers: Sequence[int]) -> List[List[int]]:
@@ -351,19 +383,23 @@ class Translator:
             encoded.append(ids + [EOS_ID])
         return encoded
 
-    def result(self, src_ids: List[int], hyps: List[Hypothesis], alignments: bool) -> Translation:
+    def result(
+        self, src_ids: List[int], hyps: List[Hypothesis], alignments: bool, method: Optional[Method]
+    ) -> Translation:
         """The ``Translation`` of one sentence: its best hypothesis, and all of them in ``nbest``."""
         texts = detokenize(self.tokenizer, hyps)
-        found = [self.describe(src_ids, hyp, text, alignments) for hyp, text in zip(hyps, texts)]
+        maps = self.engine.align(src_ids, hyps, method) if alignments else [None] * len(hyps)  # (T, S) each
+        found = [self.describe(src_ids, hyp, text, rows) for hyp, text, rows in zip(hyps, texts, maps)]
         return replace(found[0], nbest=found)
 
-    def describe(self, src_ids: List[int], hyp: Hypothesis, text: str, alignments: bool) -> Translation:
-        """One hypothesis with its text, and its word attention and alignment when asked."""
-        if not alignments:
+    def describe(self, src_ids: List[int], hyp: Hypothesis, text: str, rows: Optional[Tensor]) -> Translation:
+        """One hypothesis with its text and, given its ``(T, S)`` source attention ``rows``, its word
+        attention and alignment."""
+        if rows is None:
             return Translation(text, hyp.score, finished=hyp.finished)
         src_pieces = self.tokenizer.src_pieces(src_ids[:-1])  # without EOS
         out_pieces = self.tokenizer.tgt_pieces(hyp.tokens)
-        words = word_attention(hyp.alignment, src_pieces, out_pieces)  # (W_tgt, W_src)
+        words = word_attention(rows, src_pieces, out_pieces)  # (W_tgt, W_src)
         return Translation(
             text,
             hyp.score,

@@ -106,7 +106,19 @@ def weighted_values(
 class AttentionFunction(nn.Module):
     """What a decoder or layer sees of any attention function: ``project_kv`` (what does not depend
     on the query, computed once and cached), ``attend`` (a subclass's) and ``forward``, which is
-    exactly ``attend(query, *project_kv(key, value), ...)``."""
+    exactly ``attend(query, *project_kv(key, value), ...)``.
+
+    ``head_mask`` ``(H,)``, None by default, scales each head's output before the heads are mixed
+    (the gate ``xi_h`` of Michel et al. 2019): 0 masks a head, to measure how much it matters
+    (``inference/heads.py``). It is set on a module for a measurement, never saved."""
+
+    head_mask: Optional[Tensor] = None
+
+    def gate(self, heads: Tensor) -> Tensor:
+        """Every head's output ``(B, H, T, d)`` scaled by ``head_mask`` (as it is when there is none)."""
+        if self.head_mask is None:
+            return heads
+        return heads * self.head_mask.to(heads.dtype).view(1, -1, 1, 1)  # (B, H, T, d)
 
     def forward(
         self,
@@ -158,7 +170,9 @@ class SingleHeadAttention(AttentionFunction):
         context, weights = weighted_values(
             self.score(q, k), v, mask, dropout_p
         )  # (B, 1, T, D_value), (B, 1, T, S)
-        return context.squeeze(1), weights if need_weights else None  # (B, T, D_value), (B, 1, T, S)
+        return self.gate(context).squeeze(
+            1
+        ), weights if need_weights else None  # (B, T, D_value), (B, 1, T, S)
 
 
 class AdditiveAttention(SingleHeadAttention):
@@ -321,7 +335,7 @@ class MultiHeadAttention(AttentionFunction):
         heads, weights = self.heads(
             q, k, v, mask, need_weights, causal
         )  # (B, H, T, d_k), (B, H, T, S) or None
-        out = self.out_proj(self.merge_heads(heads))  # (B, T, D_out)
+        out = self.out_proj(self.merge_heads(self.gate(heads)))  # (B, T, D_out)
         return zero_empty_rows(out, mask), weights  # (B, T, D_out), (B, H, T, S) or None
 
 

@@ -27,14 +27,6 @@ def mean_log_probs(logits: Sequence[Tensor]) -> Tensor:
     return torch.stack([torch.log_softmax(x.float(), dim=-1) for x in logits]).mean(dim=0)  # (R, V)
 
 
-def mean_weights(weights: Sequence[Optional[Tensor]]) -> Optional[Tensor]:
-    """The members' attention over the source averaged, ``M`` tensors ``(R, S)`` -> ``(R, S)``;
-    None when they gave none (not asked)."""
-    if any(w is None for w in weights):
-        return None
-    return torch.stack([w.float() for w in weights]).mean(dim=0)  # type: ignore[union-attr]
-
-
 def shortest_limit(models: Sequence[nn.Module]) -> Optional[int]:
     """The longest input every member takes: the smallest ``max_positions`` (None: no member has one)."""
     limits = [m.max_positions for m in models if getattr(m, "max_positions", None) is not None]
@@ -59,12 +51,9 @@ class Ensemble(nn.Module):
         """Every member's decoder state before the first target token."""
         return [m.start_state(e) for m, e in zip(self.members, encoded)]
 
-    def decode_step(
-        self, tokens: Tensor, state: List[Any], need_weights: bool = False
-    ) -> Tuple[Tensor, List[Any], Optional[Tensor]]:
+    def decode_step(self, tokens: Tensor, state: List[Any]) -> Tuple[Tensor, List[Any]]:
         """One step of every member for ``tokens`` ``(R,)``: the mean log-probabilities ``(R, V)``
-        (the search's logits), the members' new states, and their source attention averaged
-        ``(R, S)`` when asked (the alignments of an ensemble)."""
-        steps = [m.decode_step(tokens, s, need_weights) for m, s in zip(self.members, state)]
-        logits, states, weights = zip(*steps)
-        return mean_log_probs(logits), list(states), mean_weights(weights) if need_weights else None
+        (the search's logits) and the members' new states."""
+        steps = [m.decode_step(tokens, s) for m, s in zip(self.members, state)]
+        logits, states = zip(*steps)
+        return mean_log_probs(logits), list(states)

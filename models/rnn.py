@@ -26,7 +26,7 @@ states are ``2D``, both directions), ``E`` embedding size, ``d_a`` attention siz
 ``H`` attention heads (1 but for ``multihead``).
 """
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -156,7 +156,7 @@ class RNNDecoder(nn.Module):
         """
         query = state["hidden"][:, -1:]  # (B, 1, D) s_{t-1} of the top layer
         mask = key_mask(state["src_mask"])  # (B, 1, 1, S)
-        # the weights every step: alignments and forward(need_weights=True) take them (the explicit
+        # the weights every step: forward(need_weights=True) takes them (the explicit
         # path, also for multihead: one query, so the fused kernel would save little)
         context, weights = self.attention.attend(
             query, state["cross_k"], state["cross_v"], mask, need_weights=True
@@ -192,6 +192,10 @@ class RNNModel(nn.Module):
         self.encoder = RNNEncoder(cfg, src_embed)
         self.decoder = RNNDecoder(cfg, tgt_embed, tgt_vocab_size)
 
+    def attention_modules(self) -> Dict[str, List[nn.Module]]:
+        """Every attention of the model under its key in the attention dict: the decoder's one."""
+        return {"cross": [self.decoder.attention], "encoder_self": [], "decoder_self": []}
+
     def encode(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> Encoded:
         """``src`` ``(B, S)``, ``src_mask`` ``(B, S)`` -> memory ``(B, S, 2D)``, final ``(B, 2D)``.
 
@@ -205,15 +209,11 @@ class RNNModel(nn.Module):
         """The decoder state before the first target token (see ``State``)."""
         return self.decoder.start_state(encoded)
 
-    def decode_step(
-        self, tokens: Tensor, state: State, need_weights: bool = False
-    ) -> Tuple[Tensor, State, Optional[Tensor]]:
-        """``tokens`` ``(B,)`` -> logits ``(B, V)``, new state, attention weights ``(B, S)`` (the mean
-        of the heads)."""
+    def decode_step(self, tokens: Tensor, state: State) -> Tuple[Tensor, State]:
+        """``tokens`` ``(B,)`` -> logits ``(B, V)`` and the new state."""
         embedded = self.decoder.dropout(self.decoder.embed(tokens))  # (B, E)
-        top, context, weights, state = self.decoder.step(embedded, state)  # (B, D), (B, 2D), (B, H, S)
-        weights = weights.mean(dim=1) if need_weights else None  # (B, S)
-        return self.decoder.logits(top, context, embedded), state, weights  # (B, V)
+        top, context, _, state = self.decoder.step(embedded, state)  # (B, D), (B, 2D), (B, H, S)
+        return self.decoder.logits(top, context, embedded), state  # (B, V)
 
     def forward(
         self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False

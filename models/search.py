@@ -25,7 +25,7 @@ the state that depend only on the source (``SOURCE_KEYS``) are not reordered.
 ``search(model, src, src_mask, bos_id, eos_id, options)`` is the one entry point of the rest of the
 project: greedy search for a beam of 1, else beam search. Its ``SearchOptions`` were checked when
 they were made, so nothing here checks them again. The live hypotheses of either search are one
-``_Live`` (decoder state, tokens, scores, history, attention, the sentences they belong to), and
+``_Live`` (decoder state, tokens, scores, history, the sentences they belong to), and
 each step of beam search's candidates one ``_Candidates``.
 """
 
@@ -59,8 +59,9 @@ def map_state(state: Any, fn: Callable[[Tensor], Tensor], skip: FrozenSet[str] =
 class Hypothesis:
     tokens: List[int]  # without BOS / EOS
     score: float  # sum of token log-probabilities (beam search: divided by the length penalty)
-    # (len(tokens) + 1, S): source attention of each emitted token, EOS last; (len(tokens), S) when
-    # the search stopped at the length limit before EOS.
+    # (len(tokens) + 1, S): source attention of each emitted token, EOS last, from an engine that
+    # returns it while it decodes (CTranslate2); this search leaves it None (alignments come from a
+    # forced pass over the hypothesis: inference/forced_alignment.py).
     alignment: Optional[Tensor] = None
     finished: bool = True  # False when the search stopped at the length limit before EOS
 
@@ -91,14 +92,6 @@ def _select(rows: Tensor) -> Callable[[Tensor], Tensor]:
     return lambda x: x.index_select(0, rows)
 
 
-def _append(history: Optional[Tensor], step: Optional[Tensor]) -> Optional[Tensor]:
-    """``(R, t, ...)`` + ``(R, ...)`` -> ``(R, t + 1, ...)``; None when there is nothing to record."""
-    if step is None:
-        return None
-    step = step.unsqueeze(1)
-    return step if history is None else torch.cat([history, step], dim=1)
-
-
 @dataclass
 class _Live:
     """The hypotheses still searching, one row each, ``width`` per live sentence: ``R = A * width``
@@ -108,7 +101,6 @@ class _Live:
     tokens: Tensor  # (R,) each hypothesis's last token (BOS before the first step)
     scores: Tensor  # (R,) the sum of its token log-probabilities
     history: Tensor  # (R, t) its tokens so far, without BOS
-    alignments: Optional[Tensor]  # (R, t, S) its source attention so far; None unless asked
     sentences: List[int]  # (A,) the sentence of the batch each live beam belongs to
     width: int = 1  # hypotheses per sentence: 1 at beam search's first step, K after it
 
@@ -118,12 +110,9 @@ class _Live:
         device = self.tokens.device
         first = torch.tensor(beams, device=device).unsqueeze(1) * self.width  # (A', 1)
         take = _select((first + torch.arange(self.width, device=device)).view(-1))  # (A' * width,) rows
-        alignments = None if self.alignments is None else take(self.alignments)
         state = map_state(self.state, take)
         sentences = [self.sentences[a] for a in beams]
-        return _Live(
-            state, take(self.tokens), take(self.scores), take(self.history), alignments, sentences, self.width
-        )
+        return _Live(state, take(self.tokens), take(self.scores), take(self.history), sentences, self.width)
 
 
 def _start(model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int) -> _Live:
@@ -132,7 +121,7 @@ def _start(model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int) -> _Liv
     state = model.start_state(model.encode(src, src_mask))  # (B, ...)
     tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)  # (B,)
     scores = torch.zeros(batch, device=device)  # (B,)
-    return _Live(state, tokens, scores, tokens.new_zeros(batch, 0), None, list(range(batch)))
+    return _Live(state, tokens, scores, tokens.new_zeros(batch, 0), list(range(batch)))
 
 
 @torch.no_grad()
@@ -146,16 +135,15 @@ def greedy_search(
     pad_id: int = 0,
 ) -> List[Hypothesis]:
     """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence,
-    its score not length-normalised. Of ``options`` it reads the length limit and ``need_weights``."""
+    its score not length-normalised. Of ``options`` it reads the length limit."""
     limits = torch.tensor(output_limits(src_mask, options, getattr(model, "max_positions", None)))  # (B,)
     live = _start(model, src, src_mask, bos_id)
     results: List[Optional[Hypothesis]] = [None] * src.size(0)
     for t in range(1, int(limits.max()) + 1):
-        logits, state, weights = model.decode_step(live.tokens, live.state, options.need_weights)  # (A, V)
+        logits, state = model.decode_step(live.tokens, live.state)  # (A, V)
         best, tokens = top_log_probs(logits, 1, (bos_id, pad_id))  # (A, 1) each
         live.state, live.scores, live.tokens = state, live.scores + best[:, 0], tokens[:, 0]  # (A,) each
         live.history = torch.cat([live.history, live.tokens.unsqueeze(1)], dim=1)  # (A, t)
-        live.alignments = _append(live.alignments, weights)  # (A, t, S)
         ended = (live.tokens == eos_id).cpu()  # (A,)
         done = ended | (limits[live.sentences] <= t)  # (A,)
         for i in done.nonzero().flatten().tolist():
@@ -171,8 +159,7 @@ def _greedy_hypothesis(live: _Live, row: int, ended: bool) -> Hypothesis:
     """The hypothesis of row ``row``, whose search is over: it ``ended`` with EOS (not kept in its
     tokens), or it reached its length limit."""
     ids = live.history[row].tolist()
-    alignment = None if live.alignments is None else live.alignments[row].cpu()
-    return Hypothesis(ids[:-1] if ended else ids, float(live.scores[row]), alignment, finished=ended)
+    return Hypothesis(ids[:-1] if ended else ids, float(live.scores[row]), finished=ended)
 
 
 class _Finished:
@@ -221,15 +208,9 @@ def _expand(live: _Live, logits: Tensor, beam: int, never: Tuple[int, ...], eos_
 
 
 def _finish(
-    step: _Candidates,
-    live: _Live,
-    weights: Optional[Tensor],
-    t: int,
-    options: SearchOptions,
-    finished: List[_Finished],
+    step: _Candidates, live: _Live, t: int, options: SearchOptions, finished: List[_Finished]
 ) -> None:
-    """Move extensions by EOS that rank among the first ``K`` of their sentence to its finished list
-    (``weights`` ``(A * width, S)``: this step's source attention of the live rows, when asked).
+    """Move extensions by EOS that rank among the first ``K`` of their sentence to its finished list.
 
     (Only the first ``K``: an EOS further down would not have survived pruning in a beam of ``K``.)
     """
@@ -240,12 +221,8 @@ def _finish(
     penalty = length_penalty(t, options.alpha)
     for a, r in accepted.nonzero().tolist():
         row = int(step.rows[a, r])
-        alignment = None  # (t, S): the hypothesis's rows, then this step's (EOS)
-        if weights is not None:
-            before = None if live.alignments is None else live.alignments[row : row + 1]  # (1, t - 1, S)
-            alignment = _append(before, weights[row : row + 1])[0].cpu()  # (t, S)
         score = float(step.scores[a, r]) / penalty
-        finished[live.sentences[a]].add(Hypothesis(live.history[row].tolist(), score, alignment, True))
+        finished[live.sentences[a]].add(Hypothesis(live.history[row].tolist(), score, finished=True))
 
 
 def _prune(step: _Candidates, beam: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -260,20 +237,15 @@ def _prune(step: _Candidates, beam: int) -> Tuple[Tensor, Tensor, Tensor]:
     return scores, rows, tokens
 
 
-def _advance(live: _Live, state: Any, step: _Candidates, weights: Optional[Tensor], beam: int) -> _Live:
-    """The live hypotheses after this step: the pruned extensions of ``step``, their rows of the new
-    decoder ``state`` and of this step's source attention ``weights`` ``(A * width, S)`` -> ``(A * K)``
-    rows."""
+def _advance(live: _Live, state: Any, step: _Candidates, beam: int) -> _Live:
+    """The live hypotheses after this step: the pruned extensions of ``step`` and their rows of the
+    new decoder ``state``, ``(A * width)`` -> ``(A * K)`` rows."""
     scores, rows, tokens = _prune(step, beam)  # (A * K,) each
     # Within sentences (K -> K): rows that depend on the source only stay; 1 -> K: all are copied.
     skip = SOURCE_KEYS if live.width == beam else frozenset()
     state = map_state(state, _select(rows), skip=skip)
     history = torch.cat([live.history.index_select(0, rows), tokens.unsqueeze(1)], dim=1)  # (A * K, t)
-    alignments = live.alignments
-    if weights is not None:
-        before = None if alignments is None else alignments.index_select(0, rows)  # (A * K, t - 1, S)
-        alignments = _append(before, weights.index_select(0, rows))  # (A * K, t, S)
-    return _Live(state, tokens, scores, history, alignments, live.sentences, beam)
+    return _Live(state, tokens, scores, history, live.sentences, beam)
 
 
 def _search_over(best_live: float, limit: int, t: int, found: _Finished, options: SearchOptions) -> bool:
@@ -291,8 +263,7 @@ def _add_unfinished(found: _Finished, live: _Live, a: int, t: int, alpha: float)
     for row in range(a * live.width, (a + 1) * live.width):
         score = float(live.scores[row])
         if score > float("-inf"):
-            alignment = None if live.alignments is None else live.alignments[row].cpu()
-            found.add(Hypothesis(live.history[row].tolist(), score / penalty, alignment, finished=False))
+            found.add(Hypothesis(live.history[row].tolist(), score / penalty, finished=False))
 
 
 def _still_searching(
@@ -327,12 +298,10 @@ def beam_search(
     live = _start(model, src, src_mask, bos_id)  # the first step extends one hypothesis per sentence
     finished = [_Finished() for _ in range(src.size(0))]
     for t in range(1, max(limits) + 1):
-        logits, state, weights = model.decode_step(
-            live.tokens, live.state, options.need_weights
-        )  # (A * width, V)
+        logits, state = model.decode_step(live.tokens, live.state)  # (A * width, V)
         step = _expand(live, logits, beam, (bos_id, pad_id), eos_id)  # (A, 2K) each
-        _finish(step, live, weights, t, options, finished)
-        live = _advance(live, state, step, weights, beam)  # (A * K) rows
+        _finish(step, live, t, options, finished)
+        live = _advance(live, state, step, beam)  # (A * K) rows
         keep = _still_searching(live, limits, t, finished, options)
         if not keep:
             break

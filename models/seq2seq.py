@@ -4,10 +4,9 @@ A model has:
 
 - ``encode(src, src_mask, need_weights=False) -> Encoded``: run the encoder once per batch.
 - ``start_state(encoded) -> state``: the decoder state before the first target token.
-- ``decode_step(tokens, state, need_weights=False) -> (logits, state, weights)``: one target
-  step for ``tokens`` ``(B,)``; logits ``(B, V)``; weights ``(B, S)`` (attention of this step over
-  the source, for alignments: the last cross-attention layer, averaged over its heads) or None.
-  The state is new; the one passed in is not modified.
+- ``decode_step(tokens, state) -> (logits, state)``: one target step for ``tokens`` ``(B,)``;
+  logits ``(B, V)``. The state is new; the one passed in is not modified. (Alignments come from a
+  teacher-forced ``forward`` over a finished output: ``inference/forced_alignment.py``.)
 - ``forward(src, src_mask, tgt_in, need_weights=False) -> (logits, attention)``: teacher-forced
   pass over a whole target, logits ``(B, T, V)``; ``attention`` is ``{}`` unless asked.
 
@@ -21,6 +20,9 @@ of lists with one ``(B, H, query, key)`` tensor per layer, first layer first::
 The RNN's attention is one cross layer, ``[(B, H, T, S)]`` (one head but for ``multihead``); it
 has no self-attention (empty lists). ``encode(..., need_weights=True)`` puts ``encoder_self`` in
 ``Encoded.attention``. Every row sums to 1 over the keys it may see and is 0 at the others.
+
+``attention_modules()`` gives the attention functions behind those maps, in the same dict of
+lists (each one's ``head_mask`` masks heads: ``models/attention.py``).
 
 ``max_positions`` is the longest source or output the model can take (None: no limit).
 

@@ -177,6 +177,14 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.output = OutputLayer(cfg.d_model, tgt_vocab_size, self.tgt_embed if cfg.tie_output else None)
 
+    def attention_modules(self) -> Dict[str, List[nn.Module]]:
+        """Every attention of the model under its key in the attention dict, first layer first."""
+        return {
+            "cross": [layer.cross_attn for layer in self.decoder_layers],
+            "encoder_self": [layer.self_attn for layer in self.encoder_layers],
+            "decoder_self": [layer.self_attn for layer in self.decoder_layers],
+        }
+
     def encode(self, src: Tensor, src_mask: Tensor, need_weights: bool = False) -> Encoded:
         """``src`` ids ``(B, S)``, ``src_mask`` ``(B, S)`` -> ``Encoded`` with memory ``(B, S, D)``.
 
@@ -254,11 +262,7 @@ class Transformer(nn.Module):
         )  # (B, T, V)
         return logits, ({**attention, **encoded.attention} if need_weights else {})
 
-    def decode_step(
-        self, tokens: Tensor, state: Dict[str, object], need_weights: bool = False
-    ) -> Tuple[Tensor, Dict[str, object], Optional[Tensor]]:
-        """One step: ``tokens`` ``(B,)`` -> logits ``(B, V)``, new state, and (when asked) the last
-        layer's cross-attention averaged over heads ``(B, S)``."""
-        logits, state, attention = self.decode(tokens.unsqueeze(1), state, None, need_weights)  # (B, 1, V)
-        weights = attention["cross"][-1][:, :, 0].mean(dim=1) if need_weights else None  # (B, S)
-        return logits[:, 0], state, weights  # (B, V), state, (B, S) or None
+    def decode_step(self, tokens: Tensor, state: Dict[str, object]) -> Tuple[Tensor, Dict[str, object]]:
+        """One step: ``tokens`` ``(B,)`` -> logits ``(B, V)`` and the new state."""
+        logits, state, _ = self.decode(tokens.unsqueeze(1), state, None)  # (B, 1, V)
+        return logits[:, 0], state  # (B, V), state

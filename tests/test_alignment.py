@@ -2,7 +2,8 @@
 
 import torch
 
-from inference.alignment import hard_alignment, pharaoh, piece_words, pool, word_attention, word_ids
+from inference.aer import pharaoh
+from inference.alignment import hard_alignment, piece_words, pool, word_attention, word_ids
 
 
 def test_word_ids_start_a_word_at_each_marker():

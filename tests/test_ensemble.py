@@ -136,13 +136,12 @@ def test_each_member_keeps_its_own_state(beam):
 def test_a_model_twice_searches_as_that_model():
     model = tiny_models()[1]
     ids, src = padded_sources()
-    options = SearchOptions(beam_size=4, alpha=1.0, nbest=3, max_len=10, need_weights=True)
+    options = SearchOptions(beam_size=4, alpha=1.0, nbest=3, max_len=10)
     alone = search(model, src, source_mask(src), BOS_ID, EOS_ID, options, pad_id=PAD_ID)
     twice = search(Ensemble([model, model]), src, source_mask(src), BOS_ID, EOS_ID, options, pad_id=PAD_ID)
     for one, two in zip(alone, twice):
         assert [h.tokens for h in two] == [h.tokens for h in one]
         assert [h.score for h in two] == pytest.approx([h.score for h in one], abs=1e-5)
-        assert all(torch.allclose(a.alignment, b.alignment) for a, b in zip(one, two))
 
 
 def test_an_ensemble_takes_the_shortest_input_of_its_members():

@@ -61,10 +61,10 @@ class Biased(nn.Module):
     def start_state(self, encoded):
         return {"inner": self.model.start_state(encoded), "step": torch.zeros(encoded.memory.size(0))}
 
-    def decode_step(self, tokens, state, need_weights=False):
-        logits, inner, weights = self.model.decode_step(tokens, state["inner"], need_weights)
+    def decode_step(self, tokens, state):
+        logits, inner = self.model.decode_step(tokens, state["inner"])
         logits = logits + self.bias + state["step"].unsqueeze(1) * self.ramp  # (B, V)
-        return logits, {"inner": inner, "step": state["step"] + 1}, weights
+        return logits, {"inner": inner, "step": state["step"] + 1}
 
 
 def favour(token: int, vocab: int = V, amount: float = 100.0) -> torch.Tensor:
@@ -127,7 +127,7 @@ def best_score_by_enumeration(model, src, src_mask, vocab, max_len=3):
         )
         log_probs = []
         for t in range(max_len):
-            logits, state, _ = model.decode_step(steps[:, t], state)
+            logits, state = model.decode_step(steps[:, t], state)
             step = torch.log_softmax(logits, dim=-1)
             step[:, [BOS_ID, PAD_ID]] = float("-inf")
             log_probs.append(step)
@@ -263,9 +263,9 @@ class Recording(nn.Module):
     def start_state(self, encoded):
         return self.model.start_state(encoded)
 
-    def decode_step(self, tokens, state, need_weights=False):
+    def decode_step(self, tokens, state):
         self.rows.append(tokens.size(0))
-        return self.model.decode_step(tokens, state, need_weights)
+        return self.model.decode_step(tokens, state)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -304,40 +304,11 @@ def test_search_dispatches_to_greedy_or_beam(family):
 def test_a_model_that_ends_at_once_gives_empty_hypotheses(family):
     model = Biased(tiny(family), favour(EOS_ID))
     src, src_mask = sources()
-    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(need_weights=True))
-    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, need_weights=True))
+    greedy = greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions())
+    beams = beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3))
     for h in greedy + [hyps[0] for hyps in beams]:
         assert h.tokens == []
         assert h.score == pytest.approx(0.0, abs=1e-3)
-        assert h.alignment.shape == (1, src.size(1))
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_alignments(family):
-    """One row per emitted token and one for EOS (none when cut at max_len); rows are distributions over
-    the real source."""
-    model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=1.0))
-    src, src_mask = sources()
-    max_len = 6
-    greedy = greedy_search(
-        model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=max_len, need_weights=True)
-    )
-    beams = beam_search(
-        model,
-        src,
-        src_mask,
-        BOS_ID,
-        EOS_ID,
-        SearchOptions(beam_size=3, nbest=3, max_len=max_len, need_weights=True),
-    )
-    rows = [(row, h) for row, h in enumerate(greedy)] + [
-        (row, h) for row, hyps in enumerate(beams) for h in hyps
-    ]
-    for row, h in rows:
-        finished = len(h.tokens) < max_len
-        assert h.alignment.shape == (len(h.tokens) + int(finished), src.size(1))
-        assert (h.alignment[:, ~src_mask[row]] == 0).all()
-        torch.testing.assert_close(h.alignment.sum(1), torch.ones(h.alignment.size(0)), atol=1e-5, rtol=0)
 
 
 def test_no_alignments_unless_asked():
@@ -395,10 +366,9 @@ class TableModel(nn.Module):
     def start_state(self, encoded):
         return {"src_mask": encoded.src_mask}
 
-    def decode_step(self, tokens, state, need_weights=False):
+    def decode_step(self, tokens, state):
         logits = torch.stack([self.table[int(t)] for t in tokens])  # (B, V)
-        weights = state["src_mask"].float() / state["src_mask"].sum(1, keepdim=True)  # (B, S)
-        return logits, state, weights if need_weights else None
+        return logits, state
 
 
 def test_beam_finds_what_greedy_misses_on_a_hand_built_model():

@@ -113,15 +113,14 @@ def batch():
     return src, src != PAD_ID, tgt
 
 
-def decode_all(model: nn.Module, src: Tensor, src_mask: Tensor, tgt: Tensor, need_weights: bool = False):
-    """Logits ``(B, T, V)`` and step weights (``(B, T, S)`` or None) of step-wise decoding of ``tgt``."""
+def decode_all(model: nn.Module, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
+    """Logits ``(B, T, V)`` of step-wise decoding of ``tgt``."""
     state = model.start_state(model.encode(src, src_mask))
-    steps, weights = [], []
+    steps = []
     for t in range(tgt.size(1)):
-        logits, state, step_weights = model.decode_step(tgt[:, t], state, need_weights)
+        logits, state = model.decode_step(tgt[:, t], state)
         steps.append(logits)
-        weights.append(step_weights)
-    return torch.stack(steps, 1), (torch.stack(weights, 1) if need_weights else weights)
+    return torch.stack(steps, 1)
 
 
 @each_variant
@@ -130,8 +129,7 @@ def test_incremental_decoding_equals_full_forward(variant):
     src, src_mask, tgt = batch()
     with torch.no_grad():
         full, _ = model(src, src_mask, tgt)  # (B, T, V)
-        incremental, weights = decode_all(model, src, src_mask, tgt)
-    assert all(w is None for w in weights)  # no weights unless asked
+        incremental = decode_all(model, src, src_mask, tgt)
     real = tgt != PAD_ID
     torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=1e-5)
 
@@ -195,7 +193,7 @@ def test_transformer_decode_refuses_causal_after_cached_steps():
     src, src_mask, tgt = batch()
     with torch.no_grad():
         state = model.start_state(model.encode(src, src_mask))
-        _, state, _ = model.decode_step(tgt[:, 0], state)
+        _, state = model.decode_step(tgt[:, 0], state)
         with pytest.raises(ValueError, match="causal"):
             model.decode(tgt[:, 1:3], state, None, causal=True)
 
@@ -213,8 +211,8 @@ def test_decode_step_does_not_modify_the_state_passed_in(variant):
     with torch.no_grad():
         state = model.start_state(model.encode(src, src_mask))
         before = [t.clone() for t in tensors(state)]
-        first, next_state, _ = model.decode_step(tgt[:, 0], state)
-        again, _, _ = model.decode_step(tgt[:, 0], state)
+        first, next_state = model.decode_step(tgt[:, 0], state)
+        again, _ = model.decode_step(tgt[:, 0], state)
     after = tensors(state)
     assert len(after) == len(before) and all(torch.equal(a, b) for a, b in zip(after, before))
     assert any(a.shape != b.shape or not torch.equal(a, b) for a, b in zip(tensors(next_state), before))
@@ -310,22 +308,6 @@ def test_encoder_self_attention_of_encode_is_that_of_the_full_pass(family):
     assert len(encoded.attention["encoder_self"]) == len(attention["encoder_self"])
     for ours, theirs in zip(encoded.attention["encoder_self"], attention["encoder_self"]):
         torch.testing.assert_close(ours, theirs)
-
-
-@pytest.mark.parametrize(
-    "variant", [VARIANTS[1], VARIANTS[3], VARIANTS[4], RNN_MULTIHEAD, TRANSFORMER_ADDITIVE], ids=variant_id
-)
-def test_attention_weights_of_a_decoding_step(variant):
-    """``(B, S)`` per step: the last cross layer of the full pass, averaged over its heads."""
-    model = model_of(variant)
-    src, src_mask, tgt = batch()
-    with torch.no_grad():
-        _, attention = model(src, src_mask, tgt, need_weights=True)
-        _, steps = decode_all(model, src, src_mask, tgt, need_weights=True)  # (B, T, S)
-    assert steps.shape == (src.size(0), tgt.size(1), src.size(1))
-    assert_rows_are_distributions(steps, src_mask[:, None, :].expand_as(steps))
-    real = tgt != PAD_ID
-    torch.testing.assert_close(steps[real], attention["cross"][-1].mean(dim=1)[real], atol=1e-5, rtol=1e-5)
 
 
 @each_family

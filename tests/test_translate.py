@@ -132,10 +132,10 @@ def test_alignments_are_well_formed_pharaoh(family, trained_synthetic_models, pa
     plain = translate("--checkpoint", checkpoint, stdin="\n".join(sources) + "\n")
     lines = done.stdout.splitlines()
     assert len(lines) == len(sources)
-    # the alignment is appended, the translation unchanged (for the Transformer up to a near tie:
-    # its weights come from the step-by-step attention, the plain run's from the fused kernel)
+    # the alignment is appended, the translation unchanged (the search is the same; the attention
+    # comes from a pass over the finished output)
     texts = [line.split("\t")[0] for line in lines]
-    assert sum(hyp == text for hyp, text in zip(texts, plain.stdout.splitlines())) >= len(sources) - 1
+    assert texts == plain.stdout.splitlines()
     for source, line in zip(sources, lines):
         hyp, alignment = line.split("\t")
         pairs_ij = [tuple(map(int, item.split("-"))) for item in alignment.split()]
@@ -183,10 +183,9 @@ def test_python_api_translates_like_the_command_line(trained_synthetic_models, p
     expected = [(str(i), h.text, f"{h.score:.4f}") for i, r in enumerate(results) for h in r.nbest]
     printed = [tuple(line.split(" ||| ")) for line in cli.stdout.splitlines()]
     assert printed == expected
-    # with alignments the attention is computed step by step to keep its weights: other kernels,
-    # whose sums may differ in the last bits (a near tie may go the other way on some CPU)
+    # alignments come from a pass over the finished outputs: the search, and so the output, is the same
     aligned = translator.translate(sources, beam=4, nbest=3, alignments=True, batch_size=4)
-    assert sum(a.text == r.text for a, r in zip(aligned[:-1], results[:-1])) >= 5
+    assert [a.text for a in aligned] == [r.text for r in results]
     for result in aligned[:-1]:
         scores = [h.score for h in result.nbest]
         assert len(scores) == 3 and scores == sorted(scores, reverse=True)

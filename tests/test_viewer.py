@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from training.board import Board
 from viewer.format import PLUGIN_NAME, SCALE, decode, spans, summary_of
 from viewer.plugin import AttentionLoader, at_step, sentence_number
-from viewer.summaries import Texts, encode, words_of
+from viewer.summaries import Texts, encode, head_stats_of, mean_row_entropy, words_of
 
 from helpers import TINY_RNN, TINY_TRANSFORMER, compose, tiny_model_config, tiny_run
 
@@ -109,6 +109,70 @@ def test_a_weights_blob_that_does_not_match_its_header_is_refused():
         decode(json.dumps(header).encode(), weights[:-1])
     with pytest.raises(ValueError, match="version"):
         decode(json.dumps(dict(header, version=2)).encode(), weights)
+
+
+OPTIONAL = ("gold", "links", "links_method", "head_stats")  # the header's optional fields
+
+
+def test_gold_links_and_head_stats_round_trip_and_a_sentence_without_them_stays_as_it_was():
+    attention = transformer_attention()
+    src, out = ["▁Ein", "▁Mann", ".", "</s>"], ["▁A", "▁m", "an", "</s>"]  # 3 words each, EOS included
+    entropy = {
+        kind: [mean_row_entropy(layer[1, :, :4, :4]).tolist() for layer in attention[kind]]
+        for kind in attention
+    }
+    importance = {"cross": [[0.031, None], [-0.002, 0.5]]}  # the other kinds: not measured
+    gold = {"sure": [(0, 0), (1, 1)], "possible": [(1, 1), (1, 0)]}  # one possible link is also sure
+    header, weights = encode(
+        attention,
+        1,
+        src,
+        out,
+        TEXTS,
+        "transformer",
+        gold=gold,
+        links=[(0, 0), (1, 1), (1, 1)],
+        links_method="layer 2, mean of heads",
+        head_stats=head_stats_of(entropy, importance),
+    )
+    stored = decode(*summary_of("nmt_attention/sent1", header, weights).value[0].tensor.string_val)
+    assert stored == header
+    assert stored["gold"] == {"sure": [[0, 0], [1, 1]], "possible": [[1, 1], [1, 0]]}
+    assert stored["links"] == [[0, 0], [1, 1]] and stored["links_method"] == "layer 2, mean of heads"
+    # one entry per map, in the maps' order, with the entropy of that map's head
+    for m, per_map in zip(stored["maps"], stored["head_stats"]):
+        assert [h["entropy"] for h in per_map] == entropy[m["kind"]][m["layer"] - 1]
+        rises = importance.get(m["kind"], [[None, None]] * 2)[m["layer"] - 1]
+        assert [h["importance"] for h in per_map] == rises, (m["kind"], m["layer"])
+
+    plain, plain_weights = encode(attention, 1, src, out, TEXTS, "transformer")
+    assert plain_weights == weights and not set(OPTIONAL) & set(plain)
+    assert {k: v for k, v in stored.items() if k not in OPTIONAL} == plain
+    assert decode(json.dumps(plain).encode(), weights) == plain
+
+
+def test_mean_row_entropy_is_zero_on_one_key_and_log_of_the_keys_when_uniform():
+    one_key = torch.eye(5)[None]  # (1, 5, 5)
+    uniform = torch.full((1, 3, 5), 1 / 5)
+    assert mean_row_entropy(torch.cat([one_key[:, :3], uniform])).tolist() == pytest.approx([0.0, np.log(5)])
+
+
+def test_optional_fields_that_do_not_fit_the_sentence_are_refused():
+    src, out = ["▁a", "▁b", "</s>"], ["▁c", "</s>"]  # 3 source words, 2 output words
+    header, weights = encode(transformer_attention(), 0, src, out, TEXTS, "transformer")
+    stats = [[{"entropy": 1.0, "importance": None}] * m["heads"] for m in header["maps"]]
+    for bad in (
+        {"links": [[3, 0]]},  # no source word 3
+        {"gold": {"sure": [[0, 2]], "possible": []}},  # no output word 2
+        {"gold": {"sure": [[0]]}},
+        {"gold": [[0, 0]]},
+        {"head_stats": stats[1:]},  # one map without its heads
+        {"head_stats": [[{"entropy": float("nan"), "importance": None}] * 2] + stats[1:]},
+    ):
+        with pytest.raises(ValueError, match="attention summary"):
+            decode(json.dumps(dict(header, **bad)).encode(), weights)
+    with pytest.raises(ValueError, match="links link"):
+        encode(transformer_attention(), 0, src, out, TEXTS, "transformer", links=[(0, 2)])
 
 
 def test_steps_must_be_plain_numbers_and_sentences_sort_by_number():

@@ -5,14 +5,18 @@ plugin, and headless Chromium opens the "Attention" tab.
 The test checks what a user sees: the sentence's tokens as text, the weight shown on hover equal to
 the weight training wrote for that cell, another map after picking another layer and head, both
 runs side by side (and a note where the RNN has no such attention), a PNG export, and a browser
-console without errors. With ``VIEWER_SCREENSHOTS=<folder>`` it saves the README's screenshots
-there (``attention_viewer.png``, ``attention_viewer_side_by_side.png``).
+console without errors. A third run, ``with_gold``, holds one hand-made sentence with a gold
+alignment, the model's own links and head statistics (as ``scripts/align.py --tensorboard`` writes
+them); a second test checks their boxes, dots, toggles and the numbers under each head. With
+``VIEWER_SCREENSHOTS=<folder>`` it saves the README's screenshots there (``attention_viewer.png``,
+``attention_viewer_side_by_side.png``).
 
 Needs Debian's ``chromium`` and ``chromium-driver`` and the ``selenium`` package; skipped, saying
 which is missing, without them.
 """
 
 import json
+import math
 import os
 import re
 import shutil
@@ -53,6 +57,14 @@ SAMPLES = ["trainer.attention_samples=2", "trainer.batch_tokens=1000"]
 # evaluations give the step slider something to show.
 LEARNED = ["trainer.attention_samples=2", "trainer.eval_every=100", "trainer.num_threads=1"]
 
+# The gold run's sentence: pieces, their words (EOS a word of its own), a gold alignment whose
+# possible links repeat one sure link, the model's links and the cross layers' head importance.
+GOLD_SRC = ["▁Ein", "▁klein", "er", "▁Hund", "▁spring", "t", "▁.", "</s>"]  # Ein kleiner Hund springt .
+GOLD_OUT = ["▁A", "▁small", "▁dog", "▁jump", "s", "▁.", "</s>"]  # A small dog jumps .
+GOLD = {"sure": [(0, 0), (1, 1), (2, 2), (3, 3)], "possible": [(3, 3), (4, 4), (1, 2)]}
+LINKS = [(0, 0), (2, 1), (2, 2), (3, 3), (4, 4)]
+IMPORTANCE = [[0.012, 0.047, None, 0.031], [0.002, -0.004, 0.009, 0.001]]  # layer 1 by importance: 2, 4, 1, 3
+
 
 def browser_or_skip() -> None:
     """Skip the test, saying what is missing and how to install it, without Chromium, its driver or selenium."""
@@ -87,7 +99,48 @@ def logdir(multi30k_dir, multi30k_slice, compose_config, tmp_path_factory) -> Pa
             overrides += QUICK[family]
         train(compose_config(overrides), root / family)
         shutil.copytree(root / family / "tb", root / "logs" / family)
+    write_gold_run(root / "logs" / "with_gold")
     return root / "logs"
+
+
+def write_gold_run(folder: Path) -> None:
+    """A run of one Transformer-shaped sentence (2 layers of 4 heads, every kind) at step 1 whose
+    header has ``gold``, ``links`` and ``head_stats``; its cross attention leans on the sure links,
+    sharper in later heads, so the map has dark and light cells."""
+    import torch
+
+    from training.board import Board
+    from viewer.format import summary_of
+    from viewer.summaries import Texts, encode, head_stats_of, mean_row_entropy, words_of
+
+    generator = torch.Generator().manual_seed(0)
+    src_words, out_words = words_of(GOLD_SRC), words_of(GOLD_OUT)
+    sure = torch.tensor([[float((i, j) in GOLD["sure"]) for i in src_words] for j in out_words])  # (T, S)
+    sharpness = torch.tensor([0.5, 1.0, 2.0, 4.0]).view(1, 4, 1, 1)  # per head
+
+    def layers(rows: int, cols: int, prior=0.0):
+        logits = [prior * 3 + torch.randn(1, 4, rows, cols, generator=generator) for _ in range(2)]
+        return [(x * sharpness).softmax(-1) for x in logits]  # (1, H, rows, cols) per layer
+
+    s, t = len(GOLD_SRC), len(GOLD_OUT)
+    attention = {"cross": layers(t, s, sure), "encoder_self": layers(s, s), "decoder_self": layers(t, t)}
+    entropy = {kind: [mean_row_entropy(x[0]).tolist() for x in maps] for kind, maps in attention.items()}
+    texts = Texts("Ein kleiner Hund springt .", "A small dog jumps .", "A small dog jumps .")
+    header, weights = encode(
+        attention,
+        0,
+        GOLD_SRC,
+        GOLD_OUT,
+        texts,
+        "transformer",
+        gold=GOLD,
+        links=LINKS,
+        links_method="layer 2, mean of heads",
+        head_stats=head_stats_of(entropy, {"cross": IMPORTANCE}),
+    )
+    board = Board(folder)
+    board.writer._get_file_writer().add_summary(summary_of(TAG, header, weights), 1)  # as Board does
+    board.close()
 
 
 def keep_last(overrides: List[str]) -> List[str]:
@@ -121,7 +174,7 @@ def get_json(url: str):
 
 @pytest.fixture(scope="module")
 def board(logdir, tmp_path_factory):
-    """The address of a real ``tensorboard`` serving ``logdir``, once the plugin lists both runs."""
+    """The address of a real ``tensorboard`` serving ``logdir``, once the plugin lists its three runs."""
     port = free_port()
     log = tmp_path_factory.mktemp("tensorboard") / "tensorboard.log"
     exe = Path(sys.executable).parent / "tensorboard"
@@ -134,13 +187,15 @@ def board(logdir, tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     try:
         runs, deadline = [], time.monotonic() + 60
-        while time.monotonic() < deadline and len(runs) < 2 and server.poll() is None:
+        while time.monotonic() < deadline and len(runs) < 3 and server.poll() is None:
             try:
                 runs = get_json(f"{url}/data/plugin/nmt_attention/runs")
             except OSError:
                 pass
             time.sleep(0.5)
-        assert [r["run"] for r in runs] == ["rnn", "transformer"], log.read_text(errors="replace")[-3000:]
+        assert [r["run"] for r in runs] == ["rnn", "transformer", "with_gold"], log.read_text(
+            errors="replace"
+        )[-3000:]
         yield url
     finally:
         server.terminate()
@@ -389,3 +444,96 @@ def test_the_attention_tab_shows_the_written_maps_of_two_runs(driver, logdir):
     # the browser console has no errors (TensorBoard's page and the tab's)
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_gold_boxes_model_links_and_head_numbers_on_the_cross_map(driver, logdir):
+    header, _ = written_sample(logdir, "with_gold")
+    pick(driver, "run-select", "with_gold")
+    for control, value in (
+        ("compare-select", ""),
+        ("kind-select", "cross"),
+        ("layer-select", "1"),
+        ("head-select", "mean"),
+        ("units-select", "subwords"),
+        ("order-select", "number"),
+    ):
+        pick(driver, control, value)
+    shown = panels(driver)["with_gold"]
+
+    # a box per gold link, a possible link that is also sure drawn once, as sure; a dot per model link
+    def marks(selector: str):
+        return shown.find_elements("css selector", f".overlay {selector}")
+
+    assert len(marks(".gold-box.sure")) == 4 and len(marks(".gold-box.possible")) == 2
+    assert len(marks(".model-link")) == len(LINKS)
+    # a box covers every piece of its two words: "kleiner" (two pieces) x "small" (one)
+    cell = int(driver.find_element("id", "zoom-slider").get_attribute("value"))
+    box = next(b for b in marks(".gold-box.sure") if b.get_attribute("data-src") == "1")
+    assert abs(box.size["width"] - 2 * cell) <= 6 and abs(box.size["height"] - cell) <= 6, box.size
+    legend = shown.find_element("css selector", ".overlay-bar").text
+    assert "sure (4)" in legend and "possible (2)" in legend and "layer 2, mean of heads" in legend
+
+    # each toggle hides its own marks and only those
+    def displayed(selector: str) -> List[bool]:
+        return [m.is_displayed() for m in marks(selector)]
+
+    shown.find_element("css selector", "input.gold-toggle").click()
+    assert not any(displayed(".gold-box")) and all(displayed(".model-link"))
+    shown.find_element("css selector", "input.links-toggle").click()
+    assert not any(displayed(".model-link"))
+    shown.find_element("css selector", "input.gold-toggle").click()
+    shown.find_element("css selector", "input.links-toggle").click()
+    assert all(displayed(".gold-box")) and all(displayed(".model-link"))
+
+    # in words: one cell per word, the same links
+    pick(driver, "units-select", "words")
+    shown = panels(driver)["with_gold"]
+    assert [len(marks(m)) for m in (".gold-box.sure", ".gold-box.possible", ".model-link")] == [4, 2, 5]
+    pick(driver, "units-select", "subwords")
+
+    # the numbers under each head of cross layer 1 (the first map), then the heads by importance
+    stats = header["head_stats"][0]
+    expected = {
+        str(h): f"H {s['entropy']:.2f}" + ("" if s["importance"] is None else f" · Δ{s['importance']:+.3f}")
+        for h, s in enumerate(stats, start=1)
+    }
+
+    def layer_one() -> List[Tuple[str, str, str]]:
+        thumbs = panels(driver)["with_gold"].find_elements("css selector", ".thumb[data-layer='1']")
+        return [
+            (
+                t.get_attribute("data-head"),
+                *texts(t.find_elements("css selector", ".thumb-head, .thumb-numbers")),
+            )
+            for t in thumbs
+        ]
+
+    assert layer_one() == [(h, f"head {h}", expected[h]) for h in "1234"]
+    pick(driver, "order-select", "importance")
+    assert layer_one() == [(h, f"head {h}", expected[h]) for h in "2413"]  # unmeasured head 3 last
+    pick(driver, "order-select", "number")
+
+    # without head_stats or gold (the trained runs): this sentence's entropy, no overlay
+    pick(driver, "compare-select", "transformer")
+    other = panels(driver)["transformer"]
+    assert not other.find_elements("css selector", ".overlay, .overlay-bar")
+    t_header, t_weights = written_sample(logdir, "transformer")
+    cross = next(m for m in t_header["maps"] if m["kind"] == "cross" and m["layer"] == 1)
+    numbers = texts(other.find_elements("css selector", ".thumb[data-layer='1'] .thumb-numbers"))
+    assert numbers == [
+        f"H {stored_entropy(t_weights, cross, h):.2f} (this sentence)" for h in range(cross["heads"])
+    ]
+    pick(driver, "compare-select", "rnn")  # one map of one head
+    numbers = texts(panels(driver)["rnn"].find_elements("css selector", ".thumb-numbers"))
+    assert len(numbers) == 1 and numbers[0].endswith("(this sentence)")
+    pick(driver, "compare-select", "")
+
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def stored_entropy(weights: bytes, m: Dict, head: int) -> float:
+    """The mean row entropy (nats) of head ``head`` (0-based) of map ``m`` from the stored bytes."""
+    size = m["rows"] * m["cols"]
+    ws = [b / 255 for b in weights[m["offset"] + head * size : m["offset"] + (head + 1) * size]]
+    return -sum(w * math.log(w) for w in ws if w > 0) / m["rows"]

@@ -9,6 +9,19 @@ Training writes them (``viewer/summaries.py`` builds them from a model's attenti
 - blob 1, the weights: every map ``(heads, rows, cols)`` row-major, concatenated, as uint8
   (``round(weight * SCALE)``), so a row of a head sums to about ``SCALE``.
 
+Optional header fields, absent from a sentence that has none (a reader must not require them):
+
+- ``"gold": {"sure": [[i, j], ...], "possible": [[i, j], ...]}``: a gold word alignment of the
+  pair, ``i`` a source word and ``j`` an output word, both 0-based indices into ``src_words`` and
+  ``out_words`` (the final EOS is a word no link uses). ``possible`` may or may not repeat the sure
+  links; a link in ``sure`` is sure.
+- ``"links": [[i, j], ...]`` and ``"links_method": "..."``: the model's own hard word alignment of
+  the same pair (same convention) and how it was read from the attention, a label.
+- ``"head_stats"``: one list per entry of ``"maps"``, in its order, with one
+  ``{"entropy": float, "importance": float or null}`` per head, measured over a validation set:
+  ``entropy`` the mean over query rows of the row's attention entropy (nats), ``importance`` the
+  rise of the validation loss when that head alone is masked (null: not measured).
+
 Weights are stored at 8 bits because a heatmap shows no more, and they keep a run's event files
 small (a few kilobytes per sentence and evaluation for the default Transformer).
 
@@ -16,6 +29,7 @@ This module imports neither torch nor numpy: TensorBoard loads it with the plugi
 """
 
 import json
+import math
 from typing import Any, Dict, List, Tuple
 
 from tensorboard.compat.proto.summary_pb2 import DATA_CLASS_BLOB_SEQUENCE, Summary, SummaryMetadata
@@ -58,7 +72,61 @@ def decode(header_blob: bytes, weights: bytes) -> Header:
         raise ValueError(
             f"attention summary: the maps need {expected} bytes of weights, the blob has {len(weights)}"
         )
+    check_optional(header)
     return header
+
+
+def check_optional(header: Header) -> None:
+    """Check the optional fields of ``header`` that it has (the words their links name exist, one
+    entry of ``head_stats`` per map and head); ValueError if one is malformed."""
+    words = {side: max(header[f"{side}_words"], default=-1) + 1 for side in ("src", "out")}
+    if "gold" in header:
+        gold = header["gold"]
+        if not isinstance(gold, dict):
+            raise ValueError("attention summary: gold is not {'sure': [...], 'possible': [...]}")
+        for name in ("sure", "possible"):
+            check_links(f"gold {name}", gold.get(name, []), words)
+    if "links" in header:
+        check_links("links", header["links"], words)
+    if "head_stats" in header:
+        stats, maps = header["head_stats"], header["maps"]
+        heads = [len(s) if isinstance(s, list) else None for s in stats] if isinstance(stats, list) else None
+        if heads != [m["heads"] for m in maps]:
+            raise ValueError("attention summary: head_stats needs one list per map with one entry per head")
+        for head in (h for per_map in stats for h in per_map):
+            if not is_head_stat(head):
+                raise ValueError(
+                    f"attention summary: head_stats entry {head!r} is not {{entropy, importance}}"
+                )
+
+
+def is_head_stat(head: Any) -> bool:
+    """``{"entropy": number, "importance": number or None}``?"""
+
+    def finite(x: Any) -> bool:  # NaN and infinity are not JSON a browser reads
+        return isinstance(x, (int, float)) and math.isfinite(x)
+
+    return (
+        isinstance(head, dict)
+        and finite(head.get("entropy"))
+        and (head.get("importance") is None or finite(head["importance"]))
+    )
+
+
+def check_links(name: str, links: Any, words: Dict[str, int]) -> None:
+    """``links`` must be ``[[i, j], ...]`` with ``i`` a source word and ``j`` an output word."""
+    for link in links if isinstance(links, list) else [links]:
+        if not (
+            isinstance(link, list)
+            and len(link) == 2
+            and all(isinstance(k, int) for k in link)
+            and 0 <= link[0] < words["src"]
+            and 0 <= link[1] < words["out"]
+        ):
+            raise ValueError(
+                f"attention summary: {name} link {link!r} is not [source word, output word] "
+                f"within {words['src']} source and {words['out']} output words"
+            )
 
 
 def spans(header: Header) -> List[Tuple[int, int]]:

@@ -10,20 +10,27 @@ tokens:
     encoder_self  (H, S, S)   source over source
     decoder_self  (H, T, T)   output tokens over the decoder's inputs (``<s>``, then the outputs)
 
+A sentence may also carry a gold word alignment, the model's own hard links and statistics of
+every head measured over a validation set (``encode``'s keyword arguments; the optional fields of
+``viewer/format.py``). ``mean_row_entropy`` and ``head_stats_of`` build the last from the attention.
+
 The training side only: this module uses torch; the plugin reads summaries through
 ``viewer/format.py`` alone.
 """
 
-from typing import Iterator, List, Mapping, NamedTuple, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 from data.specials import BOS_ID, EOS_ID, SPECIAL_TOKENS
 from inference.alignment import word_ids
-from viewer.format import KINDS, SCALE, VERSION, Header
+from viewer.format import KINDS, SCALE, VERSION, Header, check_optional
 
 PIECE = {i: piece for piece, i in SPECIAL_TOKENS.items()}  # id -> piece of the special tokens
+
+Link = Tuple[int, int]  # (source word, output word), 0-based, as in Pharaoh "i-j"
+HeadStat = Dict[str, Optional[float]]  # {"entropy": nats, "importance": loss rise or None}
 
 
 class Texts(NamedTuple):
@@ -68,9 +75,20 @@ def encode(
     out_tokens: Sequence[str],
     texts: Texts,
     model: str,
+    *,
+    gold: Optional[Mapping[str, Iterable[Link]]] = None,
+    links: Optional[Iterable[Link]] = None,
+    links_method: Optional[str] = None,
+    head_stats: Optional[Sequence[Sequence[HeadStat]]] = None,
 ) -> Tuple[Header, bytes]:
     """The header and the weights blob of sentence ``b`` of ``attention``; ``src_tokens`` and
-    ``out_tokens`` are its pieces (EOS included), ``model`` the family ("rnn" or "transformer")."""
+    ``out_tokens`` are its pieces (EOS included), ``model`` the family ("rnn" or "transformer").
+
+    Optional, stored only when given (``viewer/format.py``): ``gold`` ``{"sure": links,
+    "possible": links}`` and the model's own ``links`` (with a ``links_method`` label), each link
+    ``(source word, output word)``; ``head_stats`` one list per map (in the header's order: see
+    ``head_stats_of``) of ``{"entropy", "importance"}`` per head. ValueError if one does not fit.
+    """
     maps, blobs, offset = [], [], 0
     for kind, layer, weights in sentence_maps(attention, b, len(src_tokens), len(out_tokens)):
         heads, rows, cols = weights.shape
@@ -93,4 +111,47 @@ def encode(
         "dtype": "uint8",
         "scale": SCALE,
     }
+    if gold is not None:
+        header["gold"] = {name: link_list(gold.get(name, ())) for name in ("sure", "possible")}
+    if links is not None:
+        header["links"] = link_list(links)
+    if links_method is not None:
+        header["links_method"] = str(links_method)
+    if head_stats is not None:
+        header["head_stats"] = [[dict(head) for head in per_map] for per_map in head_stats]
+    check_optional(header)
     return header, b"".join(blobs)
+
+
+def link_list(links: Iterable[Link]) -> List[List[int]]:
+    """Links as JSON pairs ``[[i, j], ...]``, each once, in their first order."""
+    pairs = [[int(i), int(j)] for i, j in links]
+    return [pair for k, pair in enumerate(pairs) if pair not in pairs[:k]]
+
+
+def mean_row_entropy(weights: Tensor) -> Tensor:
+    """``(H, rows, cols)`` attention -> ``(H,)``: per head, the mean over query rows of the row's
+    entropy in nats (0 for a row on one key, ``log(cols)`` for a uniform row). The viewer computes
+    the same from the stored weights when a sentence has no ``head_stats``."""
+    weights = weights.detach().float()
+    return -torch.special.xlogy(weights, weights).sum(-1).mean(-1)  # (H,)
+
+
+def head_stats_of(
+    entropy: Mapping[str, Sequence[Sequence[float]]],
+    importance: Optional[Mapping[str, Sequence[Sequence[Optional[float]]]]] = None,
+) -> List[List[HeadStat]]:
+    """``encode``'s ``head_stats`` from ``{kind: [per layer: [per head: value]]}`` of entropy and,
+    optionally, importance (a kind it lacks, or a head given as None: not measured). One list per
+    map in the order ``encode`` stores the maps: ``KINDS`` order, layers first to last."""
+    stats = []
+    for kind in KINDS:
+        rises = (importance or {}).get(kind)
+        for layer, heads in enumerate(entropy.get(kind, ())):
+            layer_rises = rises[layer] if rises is not None else [None] * len(heads)
+            stats.append([head_stat(h, rise) for h, rise in zip(heads, layer_rises)])
+    return stats
+
+
+def head_stat(entropy: float, importance: Optional[float]) -> HeadStat:
+    return {"entropy": float(entropy), "importance": None if importance is None else float(importance)}

@@ -14,6 +14,12 @@
 // the base64 of bytes; each map ({kind, layer, heads, rows, cols, offset}) is heads x rows x cols
 // bytes from `offset`, row-major, and a byte b stands for the weight b / 255. Rows are queries,
 // columns are keys.
+//
+// Optional header fields (viewer/format.py), each drawn only when a sample has it:
+//   gold: {sure: [[i, j], ...], possible: [...]}  a gold word alignment (i source word, j output
+//                                                  word): boxes over the cross maps
+//   links: [[i, j], ...], links_method: "..."      the model's own hard links: dots over them
+//   head_stats: [per map: [per head: {entropy, importance}]]  numbers under each small map
 
 // ----- constants ------------------------------------------------------------------------------
 
@@ -45,6 +51,9 @@ const state = {
   head: "mean", // "mean", "max" or a 1-based head number (as a string, like a <select> value)
   units: "subwords", // or "words"
   cell: DEFAULT_CELL, // px per map cell: the zoom
+  gold: true, // draw the gold alignment over cross maps that have one
+  links: true, // draw the model's own links over cross maps that have them
+  order: "number", // the small maps of a layer by "number", "importance" or "entropy"
 };
 
 // Responses already fetched: steps by run and tag, samples by run, tag and step.
@@ -212,13 +221,111 @@ function shownMatrix(sample, choice) {
   const rowAxis = fit(ax.rows, map.rows);
   const colAxis = fit(ax.cols, map.cols);
   if (units === "subwords") {
-    return { ...matrix, rowLabels: rowAxis.pieces, colLabels: colAxis.pieces };
+    return { ...matrix, rowLabels: rowAxis.pieces, colLabels: colAxis.pieces, rowWords: rowAxis.wordOf, colWords: colAxis.wordOf };
   }
+  const pooled = poolWords(matrix, rowAxis.wordOf, colAxis.wordOf);
   return {
-    ...poolWords(matrix, rowAxis.wordOf, colAxis.wordOf),
+    ...pooled,
     rowLabels: wordLabels(rowAxis.pieces, rowAxis.wordOf),
     colLabels: wordLabels(colAxis.pieces, colAxis.wordOf),
+    rowWords: [...Array(pooled.rows).keys()], // a row is a word
+    colWords: [...Array(pooled.cols).keys()],
   };
+}
+
+// ----- word alignments over a cross map -------------------------------------------------------
+
+/** `links` ([[i, j], ...]) each once, in their first order. */
+function uniqueLinks(links) {
+  const seen = new Set();
+  return links.filter(([i, j]) => {
+    const key = `${i}-${j}`;
+    if (seen.has(key)) return false;
+    seen.add(key);
+    return true;
+  });
+}
+
+/** [first, end) of the rows (or columns) whose word is `word`; null when none is. */
+function wordSpan(wordOf, word) {
+  const first = wordOf.indexOf(word);
+  return first < 0 ? null : [first, wordOf.lastIndexOf(word) + 1];
+}
+
+/**
+ * What is drawn over a cross map: one mark per link, {type: "sure" | "possible" | "link", link:
+ * [i, j], top, bottom, left, right} (cells, ends exclusive), covering every piece of output word j
+ * (rows) x every piece of source word i (columns). A possible link that is also sure is sure; a link
+ * to a word the map lacks is left out.
+ */
+function alignmentMarks(sample, matrix) {
+  const sure = uniqueLinks(sample.gold?.sure || []);
+  const isSure = new Set(sure.map(([i, j]) => `${i}-${j}`));
+  const possible = uniqueLinks(sample.gold?.possible || []).filter(([i, j]) => !isSure.has(`${i}-${j}`));
+  const typed = [
+    ...sure.map((link) => ["sure", link]),
+    ...possible.map((link) => ["possible", link]),
+    ...uniqueLinks(sample.links || []).map((link) => ["link", link]),
+  ];
+  const marks = [];
+  for (const [type, link] of typed) {
+    const rows = wordSpan(matrix.rowWords, link[1]);
+    const cols = wordSpan(matrix.colWords, link[0]);
+    if (rows && cols) marks.push({ type, link, top: rows[0], bottom: rows[1], left: cols[0], right: cols[1] });
+  }
+  return marks;
+}
+
+/** The marks of `marks` that cover cell (r, c). */
+function marksAt(marks, r, c) {
+  return marks.filter((m) => m.top <= r && r < m.bottom && m.left <= c && c < m.right);
+}
+
+// ----- the numbers of each head ---------------------------------------------------------------
+
+/**
+ * The numbers of each head of `map`, by head: {head (1-based), entropy (nats), importance (the
+ * rise of the validation loss without it, or null), ofSentence}. From the header's head_stats
+ * (measured over a validation set) when it has them, else the mean row entropy of this sentence's
+ * stored map (ofSentence: true, no importance).
+ */
+function headNumbers(sample, map) {
+  const stats = sample.head_stats?.[sample.maps.indexOf(map)];
+  return Array.from({ length: map.heads }, (_, h) => {
+    if (stats?.[h]) return { head: h + 1, entropy: stats[h].entropy, importance: stats[h].importance ?? null, ofSentence: false };
+    return { head: h + 1, entropy: meanRowEntropy(sample.bytes, map, h), importance: null, ofSentence: true };
+  });
+}
+
+/** The mean over the rows of head `h` (0-based) of `map` of the row's entropy in nats
+ * (viewer/summaries.py's mean_row_entropy, here of the stored 8-bit weights). */
+function meanRowEntropy(bytes, map, h) {
+  const { rows, cols, offset } = map;
+  let total = 0;
+  for (let i = offset + h * rows * cols, end = i + rows * cols; i < end; i++) {
+    const w = bytes[i] / 255;
+    if (w > 0) total -= w * Math.log(w);
+  }
+  return rows ? total / rows : 0;
+}
+
+/** A head's numbers under its small map, e.g. "H 1.42 · Δ+0.031" or "H 1.42 (this sentence)". */
+function numbersText(n) {
+  const entropy = `H ${n.entropy.toFixed(2)}`;
+  if (n.ofSentence) return `${entropy} (this sentence)`;
+  if (n.importance === null) return entropy;
+  return `${entropy} · Δ${n.importance >= 0 ? "+" : ""}${n.importance.toFixed(3)}`;
+}
+
+/** The heads' numbers in the order `order` picks: by number, by importance (largest first, unmeasured
+ * last) or by entropy (smallest, the most focused, first); ties by number. */
+function orderHeads(numbers, order) {
+  const key = {
+    number: (n) => n.head,
+    importance: (n) => (n.importance === null ? Infinity : -n.importance),
+    entropy: (n) => n.entropy,
+  }[order];
+  return [...numbers].sort((a, b) => key(a) - key(b) || a.head - b.head);
 }
 
 // ----- drawing --------------------------------------------------------------------------------
@@ -275,6 +382,63 @@ function outlineCross(ctx, matrix, cell, r, c) {
   ctx.strokeRect(c * cell + 2, r * cell + 2, cell - 4, cell - 4);
 }
 
+// Gold boxes and model links: a dark line inside a white halo, readable over the dark (low) and
+// the light (high) cells of viridis alike. A sure box is solid, a possible one thinner and dashed
+// and further inside its cells (so that neighbouring boxes stay apart); a model link is a red dot
+// in the middle of its cells. The SVG over the map (overlayElement) and the exported PNG
+// (paintMarks) draw them alike from these numbers.
+const MARK_STYLE = {
+  sure: { inset: 2, halo: 4, line: 2, dash: [] },
+  possible: { inset: 4, halo: 3.5, line: 1.5, dash: [4, 3] },
+};
+const LINK_COLOUR = "#e4002b";
+
+/** The rectangle, in px, that a gold mark's line follows: its cells, shrunk by its inset. */
+function markBox(mark, cell) {
+  const inset = MARK_STYLE[mark.type].inset;
+  return {
+    x: mark.left * cell + inset,
+    y: mark.top * cell + inset,
+    width: Math.max((mark.right - mark.left) * cell - 2 * inset, 1),
+    height: Math.max((mark.bottom - mark.top) * cell - 2 * inset, 1),
+  };
+}
+
+/** The centre and radius, in px, of a model link's dot. */
+function linkDot(mark, cell) {
+  return {
+    cx: ((mark.left + mark.right) / 2) * cell,
+    cy: ((mark.top + mark.bottom) / 2) * cell,
+    r: Math.max(3, cell * 0.18),
+  };
+}
+
+/** Paint `marks` on a canvas whose map starts at (x0, y0). */
+function paintMarks(ctx, marks, cell, x0 = 0, y0 = 0) {
+  for (const mark of marks) {
+    if (mark.type === "link") {
+      const { cx, cy, r } = linkDot(mark, cell);
+      ctx.beginPath();
+      ctx.arc(x0 + cx, y0 + cy, r, 0, 2 * Math.PI);
+      ctx.fillStyle = LINK_COLOUR;
+      ctx.fill();
+      ctx.lineWidth = 1.5;
+      ctx.strokeStyle = "#ffffff";
+      ctx.stroke();
+      continue;
+    }
+    const style = MARK_STYLE[mark.type];
+    const { x, y, width, height } = markBox(mark, cell);
+    ctx.setLineDash(style.dash);
+    for (const [colour, lineWidth] of [["#ffffff", style.halo], ["#000000", style.line]]) {
+      ctx.strokeStyle = colour;
+      ctx.lineWidth = lineWidth;
+      ctx.strokeRect(x0 + x, y0 + y, width, height);
+    }
+    ctx.setLineDash([]);
+  }
+}
+
 // ----- small DOM helpers ----------------------------------------------------------------------
 
 /** A new element: `el("div", {className: "x", dataset: {...}, style: {...}}, child, "text", ...)`. */
@@ -284,6 +448,16 @@ function el(tag, props = {}, ...children) {
   Object.assign(node, rest);
   Object.assign(node.dataset, dataset || {});
   Object.assign(node.style, style || {});
+  node.append(...children);
+  return node;
+}
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+
+/** A new SVG element with the given attributes. */
+function svg(tag, attributes = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, value);
   node.append(...children);
   return node;
 }
@@ -336,7 +510,8 @@ function loadStyles() {
   return loaded;
 }
 
-/** Build the controls bar: the run(s), the sentence, the step, the attention kind/layer/head, the units, the zoom. */
+/** Build the controls bar: the run(s), the sentence, the step, the attention kind/layer/head, the
+ * units, the order of the small maps, the zoom. */
 function buildControls() {
   ui.run = select("run-select", (v) => {
     if (v === state.compare) state.compare = state.run; // the two runs swap places
@@ -378,6 +553,10 @@ function buildControls() {
     update();
   });
   setOptions(ui.units, [["subwords", "subwords"], ["words", "words"]], state.units);
+  ui.order = select("order-select", (v) => {
+    state.order = v;
+    update();
+  });
   ui.zoom = el("input", { id: "zoom-slider", type: "range", min: MIN_CELL, max: MAX_CELL, step: 2, value: state.cell });
   ui.zoom.addEventListener("input", () => {
     state.cell = Number(ui.zoom.value);
@@ -397,6 +576,7 @@ function buildControls() {
     labelled("Layer", ui.layer),
     labelled("Head", ui.head),
     labelled("Tokens", ui.units),
+    labelled("Small maps by", ui.order),
     labelled("Zoom", ui.zoom),
     ui.reload,
   );
@@ -485,6 +665,7 @@ async function update() {
     syncControls(panels);
     ui.panels.replaceChildren(...panels.map(panelElement));
     ui.panels.classList.toggle("side-by-side", panels.length > 1);
+    showOverlays();
     setHover(HOVER_HINT);
     setStatus("");
   } catch (err) {
@@ -538,6 +719,12 @@ function syncControls(panels) {
   const headOptions = [["mean", "mean of heads"], ["max", "max of heads"]];
   for (let h = 1; h <= heads; h++) headOptions.push([String(h), `head ${h}`]);
   setOptions(ui.head, headOptions, state.head);
+  // by importance only where a shown sample measured it
+  const measured = panels.some((p) => p.sample?.head_stats?.some((m) => m.some((h) => h.importance != null)));
+  if (state.order === "importance" && !measured) state.order = "number";
+  const orders = [["number", "head number"], ["entropy", "entropy (lowest first)"]];
+  if (measured) orders.splice(1, 0, ["importance", "importance (highest first)"]);
+  setOptions(ui.order, orders, state.order);
   ui.zoom.value = state.cell;
 }
 
@@ -584,13 +771,18 @@ function describe(choice) {
   return `${KIND_NAMES[choice.kind]}, layer ${choice.layer}, ${head}, ${choice.units}`;
 }
 
-/** Every layer x head of the chosen kind as a small map; a click picks that layer and head. */
+/**
+ * Every layer x head of the chosen kind as a small map with the head's numbers under it (entropy,
+ * importance), a layer's heads in the chosen order; a click picks that layer and head.
+ */
 function thumbnailsElement(sample) {
   const maps = sample.maps.filter((m) => m.kind === state.kind);
   const grid = el("div", { className: "thumbs" });
+  if (maps.length) grid.append(numbersNote(sample));
   for (const map of maps) {
     const row = el("div", { className: "thumb-row" }, el("span", { className: "thumb-layer", textContent: `layer ${map.layer}` }));
-    for (let h = 1; h <= map.heads; h++) {
+    for (const numbers of orderHeads(headNumbers(sample, map), state.order)) {
+      const h = numbers.head;
       const choice = { ...state, layer: map.layer, head: String(h) };
       const matrix = shownMatrix(sample, choice);
       // one canvas pixel per cell, stretched by CSS (without smoothing: see viewer.css)
@@ -604,7 +796,8 @@ function thumbnailsElement(sample) {
         "button",
         { type: "button", className: picked ? "thumb picked" : "thumb", title: describe(choice), dataset: { layer: map.layer, head: h } },
         canvas,
-        el("span", { textContent: `head ${h}` }),
+        el("span", { className: "thumb-head", textContent: `head ${h}` }),
+        el("span", { className: numbers.ofSentence ? "thumb-numbers of-sentence" : "thumb-numbers", textContent: numbersText(numbers) }),
       );
       button.addEventListener("click", () => {
         state.layer = map.layer;
@@ -616,6 +809,14 @@ function thumbnailsElement(sample) {
     grid.append(row);
   }
   return grid;
+}
+
+/** What the numbers under the small maps are, and where they come from. */
+function numbersNote(sample) {
+  const text = sample.head_stats
+    ? "Under each head, over a validation set: H = mean entropy of its rows (nats), Δ = rise of the validation loss when it alone is masked."
+    : "Under each head: H = mean entropy of its rows (nats) in this sentence's map (this sample has no validation statistics).";
+  return el("p", { className: "thumbs-note", textContent: text });
 }
 
 /**
@@ -632,13 +833,16 @@ function largeMapElement(panel, matrix) {
 
   const colLabels = matrix.colLabels.map((t) => el("span", { className: "col-label", textContent: t, style: { width: `${cell}px` } }));
   const rowLabels = matrix.rowLabels.map((t) => el("span", { className: "row-label", textContent: t, style: { height: `${cell}px`, lineHeight: `${cell}px` } }));
+  const marks = state.kind === "cross" ? alignmentMarks(panel.sample, matrix) : [];
+  const cells = el("div", { className: "map-cells" }, canvas);
+  if (marks.length) cells.append(overlayElement(marks, matrix, cell));
   const grid = el(
     "div",
     { className: "map-grid" },
     el("div", { className: "corner" }),
     el("div", { className: "col-labels" }, ...colLabels),
     el("div", { className: "row-labels" }, ...rowLabels),
-    canvas,
+    cells,
   );
 
   let hovered = null; // [row, col] outlined now
@@ -661,7 +865,9 @@ function largeMapElement(panel, matrix) {
     rowLabels[r].classList.add("hot");
     colLabels[c].classList.add("hot");
     const weight = matrix.values[r * matrix.cols + c];
-    setHover(`${panel.run}: ${matrix.rowLabels[r]} → ${matrix.colLabels[c]}: ${weight.toFixed(3)}`, {
+    const linked = marksAt(shownMarks(marks), r, c).map((m) => (m.type === "link" ? "model link" : `gold ${m.type}`));
+    const also = linked.length ? ` (${linked.join(", ")})` : "";
+    setHover(`${panel.run}: ${matrix.rowLabels[r]} → ${matrix.colLabels[c]}${also}: ${weight.toFixed(3)}`, {
       run: panel.run,
       row: r,
       col: c,
@@ -675,13 +881,87 @@ function largeMapElement(panel, matrix) {
 
   const link = el("a", { className: "download", hidden: true });
   const button = el("button", { type: "button", className: "export", textContent: "export PNG" });
-  button.addEventListener("click", () => exportPng(panel, matrix, link));
-  return el(
+  button.addEventListener("click", () => exportPng(panel, matrix, shownMarks(marks), link));
+  const large = el(
     "div",
     { className: "large" },
     el("div", { className: "map-title" }, el("span", { textContent: describe(state) }), button, link),
-    el("div", { className: "map-scroll" }, grid),
   );
+  if (state.kind === "cross") large.append(...overlayBar(panel.sample, marks));
+  large.append(el("div", { className: "map-scroll" }, grid));
+  return large;
+}
+
+/** The marks the toggles show now. */
+function shownMarks(marks) {
+  return marks.filter((m) => (m.type === "link" ? state.links : state.gold));
+}
+
+/** An SVG over the map's canvas with a box per gold link and a dot per model link (viewer.css
+ * hides either kind when its toggle is off). */
+function overlayElement(marks, matrix, cell) {
+  const layer = svg("svg", { class: "overlay", width: matrix.cols * cell, height: matrix.rows * cell });
+  for (const mark of marks) {
+    const data = { "data-src": mark.link[0], "data-out": mark.link[1] };
+    if (mark.type === "link") {
+      layer.append(svg("circle", { class: "model-link", ...linkDot(mark, cell), fill: LINK_COLOUR, stroke: "#ffffff", "stroke-width": 1.5, ...data }));
+      continue;
+    }
+    const style = MARK_STYLE[mark.type];
+    const box = markBox(mark, cell);
+    const rect = (colour, width) => svg("rect", { ...box, fill: "none", stroke: colour, "stroke-width": width, "stroke-dasharray": style.dash.join(" ") || "none" });
+    layer.append(svg("g", { class: `gold-box ${mark.type}`, ...data }, rect("#ffffff", style.halo), rect("#000000", style.line)));
+  }
+  return layer;
+}
+
+/**
+ * The line above a cross map with a gold alignment or model links: a toggle for each that the
+ * sample has, and a legend with their counts. Nothing when it has neither.
+ */
+function overlayBar(sample, marks) {
+  const count = (type) => marks.filter((m) => m.type === type).length;
+  const items = [];
+  if (sample.gold) {
+    items.push(
+      toggle("gold-toggle", "gold", "gold alignment"),
+      legendItem("sure", `sure (${count("sure")})`),
+      legendItem("possible", `possible (${count("possible")})`),
+    );
+  }
+  if (sample.links) {
+    const method = sample.links_method ? ` (${sample.links_method})` : "";
+    items.push(toggle("links-toggle", "links", "model links"), legendItem("link", `${count("link")} links${method}`));
+  }
+  return items.length ? [el("div", { className: "overlay-bar" }, ...items)] : [];
+}
+
+/** A checkbox that shows or hides one kind of mark on every panel (`state[key]`). */
+function toggle(className, key, text) {
+  const box = el("input", { type: "checkbox", className, checked: state[key] });
+  box.addEventListener("change", () => {
+    state[key] = box.checked;
+    showOverlays();
+  });
+  return el("label", { className: "overlay-toggle" }, box, text);
+}
+
+/** A small drawing of a mark of `type` as on the map (a box over a word of two pieces) and its text. */
+function legendItem(type, text) {
+  const cell = 18;
+  const cols = type === "link" ? 1 : 2;
+  const mark = { type, link: [0, 0], top: 0, bottom: 1, left: 0, right: cols };
+  const swatch = overlayElement([mark], { rows: 1, cols }, cell);
+  swatch.setAttribute("class", "legend-swatch");
+  return el("span", { className: `legend-item legend-${type}` }, swatch, text);
+}
+
+/** Show or hide the marks of every panel as the toggles say, and make every toggle say so. */
+function showOverlays() {
+  ui.panels.classList.toggle("hide-gold", !state.gold);
+  ui.panels.classList.toggle("hide-links", !state.links);
+  for (const box of ui.panels.querySelectorAll("input.gold-toggle")) box.checked = state.gold;
+  for (const box of ui.panels.querySelectorAll("input.links-toggle")) box.checked = state.links;
 }
 
 // ----- export ---------------------------------------------------------------------------------
@@ -689,10 +969,11 @@ function largeMapElement(panel, matrix) {
 const EXPORT_FONT = "12px sans-serif";
 
 /**
- * The large map as a PNG file with its labels: drawn again on a canvas of its own (the HTML
- * labels are not part of the map's canvas), then offered as a download through `link`.
+ * The large map as a PNG file with its labels and the shown `marks` (gold boxes, model links):
+ * drawn again on a canvas of its own (the HTML labels and the SVG overlay are not part of the
+ * map's canvas), then offered as a download through `link`.
  */
-function exportPng(panel, matrix, link) {
+function exportPng(panel, matrix, marks, link) {
   const cell = state.cell;
   const pad = 8;
   const measure = document.createElement("canvas").getContext("2d");
@@ -700,7 +981,11 @@ function exportPng(panel, matrix, link) {
   const widest = (labels) => Math.max(0, ...labels.map((t) => measure.measureText(t).width));
   const left = Math.ceil(widest(matrix.rowLabels)) + 2 * pad; // room for the row tokens
   const top = 24 + Math.ceil(widest(matrix.colLabels)) + 2 * pad; // a title line, then the column tokens
-  const width = Math.max(left + matrix.cols * cell + pad, 480);
+  const keys = [];
+  if (marks.some((m) => m.type !== "link")) keys.push("gold: solid sure, dashed possible");
+  if (marks.some((m) => m.type === "link")) keys.push("dots: model links");
+  const title = `${panel.run}, step ${panel.step}: ${describe(state)}${keys.length ? ` (${keys.join("; ")})` : ""}`;
+  const width = Math.max(left + matrix.cols * cell + pad, Math.ceil(measure.measureText(title).width) + 2 * pad, 480);
   const height = top + matrix.rows * cell + pad;
 
   const canvas = document.createElement("canvas");
@@ -712,7 +997,7 @@ function exportPng(panel, matrix, link) {
   ctx.fillStyle = "#000000";
   ctx.font = EXPORT_FONT;
   ctx.textBaseline = "top";
-  ctx.fillText(`${panel.run}, step ${panel.step}: ${describe(state)}`, pad, pad);
+  ctx.fillText(title, pad, pad);
   ctx.textBaseline = "middle";
   ctx.textAlign = "right";
   matrix.rowLabels.forEach((t, r) => ctx.fillText(t, left - pad, top + r * cell + cell / 2));
@@ -725,6 +1010,7 @@ function exportPng(panel, matrix, link) {
     ctx.restore();
   });
   paintCells(ctx, matrix, cell, left, top);
+  paintMarks(ctx, marks, cell, left, top);
 
   canvas.toBlob((blob) => {
     if (blob === null) {

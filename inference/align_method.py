@@ -1,0 +1,76 @@
+"""How word alignments are read from a model's cross-attention: a layer, heads and a reading.
+
+A ``Method`` names which maps make the alignment (``inference/forced_alignment.py`` applies it):
+
+- the **layer**: one (1-based) or the mean of all decoder layers;
+- the **heads**: some (1-based) or the mean of all;
+- the **reading**: which decoder step stands for a target piece. ``predict`` takes the step that
+  predicts it (its input is the piece before); ``read`` the step after, whose input is the piece.
+
+No torch here: ``translate.py`` checks its ``--align-*`` flags before the heavy imports.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+READINGS = ("predict", "read")
+
+
+@dataclass(frozen=True)
+class Method:
+    """Which maps make a word alignment: ``layer`` (1-based; None: the mean of all layers),
+    ``heads`` (1-based; None: the mean of all heads) and the ``reading`` (``READINGS``)."""
+
+    layer: Optional[int] = None
+    heads: Optional[Tuple[int, ...]] = None
+    reading: str = "predict"
+
+    def __post_init__(self) -> None:
+        if self.reading not in READINGS:
+            raise ValueError(f"alignment reading {self.reading!r}: choose predict or read")
+        if self.layer is not None and self.layer < 1:
+            raise ValueError(f"alignment layer {self.layer}: layers count from 1")
+        if self.heads is not None and (not self.heads or min(self.heads) < 1):
+            raise ValueError(f"alignment heads {self.heads}: heads count from 1")
+
+    @property
+    def label(self) -> str:
+        """``"layer 2, head 3, read"``, ``"all layers, all heads, predict"``."""
+        layer = "all layers" if self.layer is None else f"layer {self.layer}"
+        if self.heads is None:
+            heads = "all heads"
+        else:
+            heads = ("head " if len(self.heads) == 1 else "heads ") + ",".join(map(str, self.heads))
+        return f"{layer}, {heads}, {self.reading}"
+
+    def check(self, n_layers: int, n_heads: int) -> None:
+        """A one-line ``ValueError`` when the model has no such layer or head."""
+        if self.layer is not None and self.layer > n_layers:
+            raise ValueError(f"alignment layer {self.layer}: the model has {n_layers} decoder layer(s)")
+        if self.heads is not None and max(self.heads) > n_heads:
+            raise ValueError(f"alignment heads {self.heads}: the model has {n_heads} head(s) per layer")
+
+
+def parse_method(layer: str, heads: str, reading: str) -> Method:
+    """The command line's ``--align-layer all|N``, ``--align-heads all|N[,N...]``, ``--align-reading``."""
+    try:
+        n_layer = None if layer == "all" else int(layer)
+        head_ids = None if heads == "all" else tuple(int(h) for h in heads.split(","))
+    except ValueError:
+        raise ValueError(
+            f"--align-layer {layer} --align-heads {heads}: give 'all' or numbers from 1 (heads: 1,3)"
+        ) from None
+    return Method(n_layer, head_ids, reading)
+
+
+def every_method(n_layers: int, n_heads: int) -> List[Method]:
+    """Each layer and the mean of all, each head and the mean of all, under both readings."""
+    layers: List[Optional[int]] = [*range(1, n_layers + 1), None] if n_layers > 1 else [None]
+    heads: List[Optional[Tuple[int, ...]]] = [(h,) for h in range(1, n_heads + 1)] if n_heads > 1 else []
+    heads.append(None)
+    return [Method(layer, head, reading) for reading in READINGS for layer in layers for head in heads]
+
+
+# Each family's alignment method when none is chosen (translate.py --alignments, Translator):
+# the best measured for its default recipe (docs/alignment.md says which measurement chose it).
+DEFAULT_METHODS = {"rnn": Method(reading="predict"), "transformer": Method(reading="predict")}

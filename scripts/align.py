@@ -1,0 +1,355 @@
+"""Does the attention align words? ``python scripts/align.py --checkpoint CK --src F --tgt F [--gold F] --out DIR``.
+
+The checkpoint's model reads each source sentence and is fed its target teacher-forced; every
+cross-attention map (each layer and head, the means of the heads and of the layers, under both
+readings: the step that predicts a word, the step that reads it) gives word links, pooled from
+subwords to the texts' space-separated words (``inference/forced_alignment.py``). Each method is
+scored against a reference, chosen on the dev part (the first ``--dev`` pairs, 100 by default) and
+reported on the rest (``inference/alignment_eval.py``):
+
+- ``--gold F``: human links (sure ``i-j`` and possible ``ipj``, 1-based: the talp format of the
+  standard German-English set); the score is the alignment error rate (AER);
+- without ``--gold``: fast_align's links on the same pairs are the reference (trained on
+  ``--train-src/--train-tgt`` plus these pairs), and the score is *agreement with an aligner*,
+  not accuracy.
+
+References scored by the same code: the diagonal, and with ``--train-src/--train-tgt`` (the model's
+training text, raw: Moses-tokenized and lowercased here) fast_align trained on it, with and
+without these pairs added (``inference/fast_align.py``). ``--tokenize`` Moses-tokenizes raw
+``--src/--tgt`` text first (a gold set is tokenized already). ``--heads-src/--heads-tgt`` (raw
+parallel text, e.g. the validation split) add every head's entropy and importance
+(``inference/heads.py``).
+
+Writes ``DIR/report.md`` (the whole grid, the references, the chosen method and its AER on the
+rest), ``DIR/alignments.txt`` (the chosen method's links, Pharaoh ``i-j``, 0-based, one line per
+pair), ``DIR/grid.png`` (AER on the dev part, layers by heads, per reading), and with
+``--tensorboard DIR`` the first ``--samples`` pairs as Attention-tab samples with the reference's
+links and the chosen method's (``viewer/``).
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.checkpoint import CheckpointError  # noqa: E402
+from common.files import write_lines  # noqa: E402
+from data.corpus import read_lines  # noqa: E402
+from data.errors import DataError  # noqa: E402
+from inference.aer import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold  # noqa: E402
+from inference.align_method import Method, every_method  # noqa: E402
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Word alignments from a model's attention, scored against gold or fast_align links.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--checkpoint", required=True, help="a checkpoint of train.py")
+    add("--src", required=True, help="source sentences, one a line (words: space-separated tokens)")
+    add("--tgt", required=True, help="their target sentences")
+    add("--gold", help="human links of these pairs (talp: i-j sure, ipj possible, 1-based)")
+    add("--out", required=True, help="folder for report.md, alignments.txt and grid.png")
+    add("--dev", type=int, default=100, help="the first N pairs choose the method; the rest report it")
+    add("--tokenize", action="store_true", help="Moses-tokenize raw --src/--tgt text first")
+    add("--src-lang", default="de", help="the source language (Moses tokenizer)")
+    add("--tgt-lang", default="en", help="the target language (Moses tokenizer)")
+    add("--train-src", help="raw training text of fast_align, source side (e.g. the model's training text)")
+    add("--train-tgt", help="... target side")
+    add("--heads-src", help="raw parallel text for each head's entropy and importance, source side")
+    add("--heads-tgt", help="... target side")
+    add(
+        "--tensorboard", metavar="DIR", help="write Attention-tab samples with the links into this log folder"
+    )
+    add("--samples", type=int, default=8, help="how many pairs --tensorboard writes")
+    add("--device", default="cpu", help="cpu, cuda or auto")
+    return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Files that must exist and options that must go together; ``SystemExit`` with one line."""
+    for flag in ("checkpoint", "src", "tgt", "gold", "train_src", "train_tgt", "heads_src", "heads_tgt"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).exists():
+            sys.exit(f"error: --{flag.replace('_', '-')} {path} does not exist")
+    for a, b in (("train_src", "train_tgt"), ("heads_src", "heads_tgt")):
+        if (getattr(args, a) is None) != (getattr(args, b) is None):
+            sys.exit(f"error: give --{a.replace('_', '-')} and --{b.replace('_', '-')} together")
+    if args.gold is None and args.train_src is None:
+        sys.exit("error: without --gold the reference is fast_align: give --train-src and --train-tgt")
+    if args.dev < 1:
+        sys.exit(f"error: --dev {args.dev}: at least one pair chooses the method")
+
+
+def words_of(lines: Sequence[str], tokenize: bool, lang: str) -> List[List[str]]:
+    """Each line's words, cased: Moses tokens of raw text, or the space-separated tokens."""
+    from inference.fast_align import moses_tokenize, split_words
+
+    return moses_tokenize(lines, lang, lowercase=False) if tokenize else split_words(lines, lowercase=False)
+
+
+def lowered(sentences: Sequence[Sequence[str]]) -> List[List[str]]:
+    return [[word.lower() for word in words] for words in sentences]
+
+
+def fast_align_links(
+    train: Tuple[List[List[str]], List[List[str]]],
+    pairs: Tuple[List[List[str]], List[List[str]]],
+    added: bool,
+) -> List[Links]:
+    """fast_align trained on ``train`` (plus ``pairs`` when ``added``), aligning ``pairs`` (lowercased words)."""
+    from inference.fast_align import align_pairs, train_fast_align
+
+    src, tgt = train
+    if added:
+        src, tgt = src + pairs[0], tgt + pairs[1]
+    with tempfile.TemporaryDirectory() as work:
+        model = train_fast_align(src, tgt, Path(work))
+        return align_pairs(model, *pairs)
+
+
+def piece_ids(tokenizer, src_words, tgt_words) -> Tuple[List[List[int]], List[List[int]]]:
+    """The subword ids of the space-joined words, and a one-line error when the pieces do not make
+    the words back (so word ``i`` of the text is word ``i`` of the pieces)."""
+    from inference.alignment import word_ids
+
+    src_ids = tokenizer.encode_src([" ".join(w) for w in src_words])
+    tgt_ids = tokenizer.encode_tgt([" ".join(w) for w in tgt_words])
+    for side, ids_list, words_list, pieces in (
+        ("source", src_ids, src_words, tokenizer.src_pieces),
+        ("target", tgt_ids, tgt_words, tokenizer.tgt_pieces),
+    ):
+        for number, (ids, words) in enumerate(zip(ids_list, words_list), start=1):
+            found = len(set(word_ids(pieces(ids))))
+            if found != len(words):
+                raise AlignmentError(
+                    f"{side} line {number}: {len(words)} words but the tokenizer makes {found}: "
+                    "a word the SentencePiece model drops or splits at a space"
+                )
+    return src_ids, tgt_ids
+
+
+def model_links(maps, methods, src_pieces, tgt_pieces) -> Dict[Method, List[Links]]:
+    """Every method's links of every pair."""
+    from inference.forced_alignment import word_links
+
+    return {
+        method: [frozenset(word_links(m, method, s, t)[1]) for m, s, t in zip(maps, src_pieces, tgt_pieces)]
+        for method in methods
+    }
+
+
+class Sample(NamedTuple):
+    """The pairs written to the Attention tab: their ids (no EOS) and texts."""
+
+    src_ids: List[List[int]]
+    tgt_ids: List[List[int]]
+    src_text: List[str]
+    tgt_text: List[str]
+
+
+def head_stats_by_map(stats) -> List[List[dict]]:
+    """``inference.heads.head_stats``' list as ``viewer.summaries.encode``'s ``head_stats``."""
+    from viewer.summaries import head_stats_of
+
+    entropy: Dict[str, List[List[float]]] = {}
+    importance: Dict[str, List[List[float]]] = {}
+    for s in stats:
+        for table, value in ((entropy, s.entropy), (importance, s.importance)):
+            layers = table.setdefault(s.kind, [])
+            while len(layers) < s.layer:
+                layers.append([])
+            layers[s.layer - 1].append(value)
+    return head_stats_of(entropy, importance)
+
+
+def write_samples(log_dir: Path, model, sample: Sample, tokenizer, gold, links, stats) -> None:
+    """The pairs of ``sample`` as Attention-tab sentences (tags ``nmt_attention/sent<i>``, step 0)
+    with the reference's links (``gold``), the chosen method's (``links``: the links per pair and
+    the method's name) and, when measured, every head's numbers."""
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    from data.batching import pad, source_mask
+    from data.specials import BOS_ID, EOS_ID, PAD_ID
+    from viewer.format import PLUGIN_NAME, summary_of
+    from viewer.summaries import Texts, encode
+
+    device = next(model.parameters()).device
+    src = pad([ids + [EOS_ID] for ids in sample.src_ids], PAD_ID).to(device)  # (B, S)
+    tgt_in = pad([[BOS_ID] + ids for ids in sample.tgt_ids], PAD_ID).to(device)  # (B, T + 1)
+    with torch.no_grad():
+        _, attention = model.eval()(src, source_mask(src), tgt_in, need_weights=True)
+    per_map = head_stats_by_map(stats) if stats else None
+    writer = SummaryWriter(log_dir=str(log_dir))
+    for b, (src_ids, tgt_ids) in enumerate(zip(sample.src_ids, sample.tgt_ids)):
+        header, weights = encode(
+            attention,
+            b,
+            tokenizer.src_pieces(src_ids + [EOS_ID]),
+            tokenizer.tgt_pieces(tgt_ids + [EOS_ID]),
+            Texts(sample.src_text[b], sample.tgt_text[b], sample.tgt_text[b]),
+            model.cfg.name,
+            gold={"sure": sorted(gold[b].sure), "possible": sorted(gold[b].possible)},
+            links=sorted(links[0][b]),
+            links_method=links[1],
+            head_stats=per_map,
+        )
+        writer._get_file_writer().add_summary(summary_of(f"{PLUGIN_NAME}/sent{b}", header, weights), 0)
+    writer.close()
+
+
+def reference_about(gold: Optional[str]) -> str:
+    if gold:
+        return f"`{gold}` (human sure and possible links)"
+    return (
+        "fast_align's links (trained on the training text plus these pairs): the scores are agreement "
+        "with an aligner, not accuracy"
+    )
+
+
+def read_pairs(args: argparse.Namespace) -> Tuple[List[str], List[str], List[List[str]], List[List[str]]]:
+    """The two texts' lines and their words (cased), checked to be pairs."""
+    src_lines, tgt_lines = read_lines(Path(args.src)), read_lines(Path(args.tgt))
+    if len(src_lines) != len(tgt_lines):
+        raise AlignmentError(
+            f"--src has {len(src_lines)} lines, --tgt {len(tgt_lines)}: give the two sides of the same pairs"
+        )
+    if args.dev >= len(src_lines):
+        raise AlignmentError(
+            f"--dev {args.dev}: the texts have {len(src_lines)} pairs, none would be left to report on"
+        )
+    return (
+        src_lines,
+        tgt_lines,
+        words_of(src_lines, args.tokenize, args.src_lang),
+        words_of(tgt_lines, args.tokenize, args.tgt_lang),
+    )
+
+
+def references_and_gold(
+    args: argparse.Namespace, src_words: List[List[str]], tgt_words: List[List[str]]
+) -> Tuple[Dict[str, List[Links]], List[Gold]]:
+    """The reference methods' links (the diagonal; fast_align with the training text) and the links
+    every method is scored against: the human gold, else fast_align's (every link sure)."""
+    references = {"diagonal": [diagonal(len(s), len(t)) for s, t in zip(src_words, tgt_words)]}
+    gold = None
+    if args.gold:
+        gold = read_gold(Path(args.gold), [" ".join(w) for w in src_words], [" ".join(w) for w in tgt_words])
+    if args.train_src:
+        from inference.fast_align import moses_tokenize
+
+        train = (
+            moses_tokenize(read_lines(Path(args.train_src)), args.src_lang),
+            moses_tokenize(read_lines(Path(args.train_tgt)), args.tgt_lang),
+        )
+        pairs = (lowered(src_words), lowered(tgt_words))
+        with_pairs = fast_align_links(train, pairs, added=True)
+        if gold is None:
+            gold = [Gold(links, links) for links in with_pairs]
+        else:
+            references["fast_align (training text)"] = fast_align_links(train, pairs, added=False)
+            references["fast_align (training text + these pairs)"] = with_pairs
+    return references, gold
+
+
+def heads_section(args: argparse.Namespace, model, tokenizer) -> Tuple[Optional[list], str]:
+    """Every head's entropy and importance over ``--heads-src/--heads-tgt``, and what they are."""
+    from data.batching import ParallelDataset
+    from inference.heads import head_stats
+
+    if not args.heads_src:
+        return None, ""
+    src = tokenizer.encode_src(read_lines(Path(args.heads_src)))
+    tgt = tokenizer.encode_tgt(read_lines(Path(args.heads_tgt)))
+    start = time.perf_counter()
+    stats = head_stats(model, ParallelDataset(src, tgt))
+    about = (
+        f"Over `{args.heads_src}` / `{args.heads_tgt}` ({len(src)} pairs, {time.perf_counter() - start:.1f} s): "
+        "the entropy of each head's weights (nats, the mean over query positions), and its importance, "
+        "the rise of the per-token loss when that head alone is masked (Michel et al. 2019)."
+    )
+    return stats, about
+
+
+def run(args: argparse.Namespace) -> str:
+    """Everything the command does; returns the report."""
+    from common.device import pick_device
+    from inference.alignment_eval import choose, grid_figure, report, score
+    from inference.forced_alignment import batched_cross_maps, src_with_eos
+    from inference.translator import load_model
+
+    src_lines, tgt_lines, src_words, tgt_words = read_pairs(args)
+    references, gold = references_and_gold(args, src_words, tgt_words)
+    model, tokenizer, payload = load_model(Path(args.checkpoint), pick_device(args.device))
+    family, attention = payload["model_config"]["name"], payload["model_config"].get("attention", "")
+    src_ids, tgt_ids = piece_ids(tokenizer, src_words, tgt_words)
+
+    start = time.perf_counter()
+    maps = batched_cross_maps(model, src_with_eos(src_ids), tgt_ids)  # (L, H, T + 1, S) each
+    n_layers, n_heads = maps[0].shape[:2]
+    methods = every_method(n_layers, n_heads)
+    src_pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
+    tgt_pieces = [tokenizer.tgt_pieces(ids) for ids in tgt_ids]
+    predicted = model_links(maps, methods, src_pieces, tgt_pieces)
+    seconds = time.perf_counter() - start
+
+    scored = {method: score(method.label, predicted[method], gold, args.dev) for method in methods}
+    chosen = choose(scored)
+    stats, stats_about = heads_section(args, model, tokenizer)
+    about = [
+        f"Checkpoint `{args.checkpoint}`: {family}, {attention} attention, {n_layers} decoder layer(s) of "
+        f"{n_heads} head(s).",
+        f"Pairs: `{args.src}` / `{args.tgt}`, {len(src_lines)} pairs; the first {args.dev} are the dev part "
+        f"(the method is chosen there), the other {len(src_lines) - args.dev} the rest (reported).",
+        f"Reference: {reference_about(args.gold)}.",
+        f"Methods: {len(methods)} (each layer and the mean of the layers, each head and the mean of the heads, "
+        f"the predicting step and the reading step); forced decoding and pooling took {seconds:.1f} s.",
+        "AER, precision and recall in percent; AER = 1 - (|A & S| + |A & P|) / (|A| + |S|).",
+    ]
+    refs = [score(name, links, gold, args.dev) for name, links in references.items()]
+    text = report(
+        f"Word alignment from attention: {args.checkpoint}",
+        about,
+        scored[chosen],
+        refs,
+        [scored[m] for m in methods],
+        stats,
+        stats_about,
+    )
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_lines(out / "alignments.txt", [pharaoh(sorted(links)) for links in predicted[chosen]])
+    what = "AER against human links" if args.gold else "disagreement with fast_align (1 - agreement)"
+    grid_figure(scored, f"{family}, {attention} attention: {what}, dev part").savefig(
+        out / "grid.png", dpi=100
+    )
+    write_lines(out / "report.md", text.splitlines())
+    if args.tensorboard:
+        n = min(args.samples, len(src_ids))
+        sample = Sample(src_ids[:n], tgt_ids[:n], src_lines[:n], tgt_lines[:n])
+        links = (predicted[chosen][:n], chosen.label)
+        write_samples(Path(args.tensorboard), model, sample, tokenizer, gold[:n], links, stats)
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    check_args(args)
+    try:
+        print(run(args))
+    except (AlignmentError, DataError, CheckpointError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

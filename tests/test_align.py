@@ -1,0 +1,258 @@
+"""Word alignments from attention: the methods (layer, heads, reading), the shifted reading's rows,
+heads masked one at a time, ``scripts/align.py`` on models trained for real on the reversal task
+(whose true alignment is known: output word ``j`` of ``n`` is source word ``n - 1 - j``), and the
+alignment choice of ``translate.py``."""
+
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from synthetic import reversal_pairs
+
+from inference.aer import alignment_scores, read_gold, read_pharaoh, split_dev
+from inference.align_method import Method, every_method, parse_method
+from inference.forced_alignment import method_map
+from inference.heads import head_stats
+from inference.translator import Translator, load_model
+from models.attention import MultiHeadAttention
+
+from helpers import assert_one_error_line, translate, write_lines
+
+FAMILIES = ["rnn", "transformer"]
+
+
+# ----- the methods -----
+def test_the_reading_step_is_the_row_after_the_predicting_one():
+    maps = torch.arange(2 * 3 * 4 * 2, dtype=torch.float32).view(2, 3, 4, 2)  # (L, H, T + 1, S), T = 3
+    rows = maps.mean(dim=(0, 1))  # (T + 1, S)
+    assert torch.equal(method_map(maps, Method(reading="predict")), rows[:3])
+    assert torch.equal(method_map(maps, Method(reading="read")), rows[1:])
+    # layer 2, head 3: one map, rows shifted the same way
+    assert torch.equal(method_map(maps, Method(layer=2, heads=(3,), reading="read")), maps[1, 2, 1:])
+    assert torch.equal(method_map(maps, Method(layer=1, heads=(1, 3))), maps[0, [0, 2], :3].mean(dim=0))
+
+
+def test_every_method_covers_layers_heads_and_readings():
+    methods = every_method(3, 4)
+    assert len(methods) == 2 * (3 + 1) * (4 + 1) and len(set(methods)) == len(methods)
+    assert every_method(1, 1) == [Method(reading="predict"), Method(reading="read")]  # the RNN's one map
+    assert Method(2, (3,), "read").label == "layer 2, head 3, read"
+    assert parse_method("all", "1,3", "read") == Method(None, (1, 3), "read")
+
+
+@pytest.mark.parametrize(
+    "layer, heads, reading, message",
+    [
+        ("two", "all", "predict", "give 'all' or numbers from 1"),
+        ("0", "all", "predict", "layers count from 1"),
+        ("all", "0", "predict", "heads count from 1"),
+        ("all", "all", "later", "choose predict or read"),
+    ],
+)
+def test_a_bad_method_is_one_line(layer, heads, reading, message):
+    with pytest.raises(ValueError, match=message):
+        parse_method(layer, heads, reading)
+
+
+def test_a_masked_head_adds_nothing_to_the_output(seed):
+    attention = MultiHeadAttention(d_model=8, n_heads=2).eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        attention.head_mask = torch.tensor([1.0, 0.0])
+        masked, _ = attention(x, x, x)
+        attention.head_mask = None
+        attention.out_proj.weight[:, 4:] = 0.0  # W_O's columns that read head 2
+        by_hand, _ = attention(x, x, x)
+    torch.testing.assert_close(masked, by_hand)
+
+
+# ----- scripts/align.py on the reversal task -----
+def reversal_set(folder: Path, count: int = 60, seed: int = 7):
+    """``count`` reversal pairs and their true links (all sure), as files."""
+    pairs = reversal_pairs(count, random.Random(seed), set())
+    gold = [" ".join(f"{len(s.split()) - j}-{j + 1}" for j in range(len(s.split()))) for s, _ in pairs]
+    return (
+        write_lines(folder / "pairs.de", [s for s, _ in pairs]),
+        write_lines(folder / "pairs.en", [t for _, t in pairs]),
+        write_lines(folder / "gold.talp", gold),
+    )
+
+
+def align_script(*args):
+    from helpers import load_script
+
+    return load_script("align").main([str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def aligned(trained_synthetic_models, tmp_path_factory):
+    """``scripts/align.py`` run on each family's reversal model with the true links as gold."""
+    folder = tmp_path_factory.mktemp("align")
+    src, tgt, gold = reversal_set(folder)
+    runs = {}
+    for family in FAMILIES:
+        _, checkpoint, _ = trained_synthetic_models[family]
+        out = folder / family
+        extra = ["--heads-src", src, "--heads-tgt", tgt, "--tensorboard", out / "tb", "--samples", 3]
+        assert (
+            align_script(
+                "--checkpoint",
+                checkpoint,
+                "--src",
+                src,
+                "--tgt",
+                tgt,
+                "--gold",
+                gold,
+                "--dev",
+                20,
+                "--out",
+                out,
+                *extra,
+            )
+            == 0
+        )
+        runs[family] = out
+    return src, tgt, gold, runs
+
+
+def reported_aer(report: str, name: str) -> float:
+    row = next(line for line in report.splitlines() if line.startswith(f"| {name} |"))
+    return float(row.split("|")[3])  # AER on the rest
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_chosen_method_aligns_the_reversal_and_its_file_gives_its_score(family, aligned):
+    src, tgt, gold_path, runs = aligned
+    out = runs[family]
+    report = (out / "report.md").read_text(encoding="utf-8")
+    chosen = re.search(r"lowest AER\): \*\*(.+?)\*\*, AER ([\d.]+) on the rest", report)
+    assert chosen, report
+    # the report's AER of the chosen method is the one recomputed from alignments.txt (the rest)
+    links = read_pharaoh(out / "alignments.txt")
+    gold = read_gold(gold_path, src.read_text().splitlines(), tgt.read_text().splitlines())
+    assert len(links) == len(gold) == 60
+    rest = alignment_scores(split_dev(links, 20)[1], split_dev(gold, 20)[1])
+    assert f"{100 * rest.aer:.1f}" == chosen.group(2)
+    # a model that reverses attends to the word it translates: far better than the diagonal
+    assert rest.aer < 0.25 < reported_aer(report, "diagonal")
+    assert (out / "grid.png").stat().st_size > 0
+    n_layers = 1 if family == "rnn" else 2
+    n_heads = 1 if family == "rnn" else 4
+    grid = report.split("## Every layer, head and reading")[1].split("## Heads")[0]
+    assert grid.count("\n| ") - 2 == len(every_method(n_layers, n_heads))  # rows but the header and rule
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_head_has_its_entropy_and_importance(family, trained_synthetic_models, aligned):
+    src, tgt, _, runs = aligned
+    model, tokenizer, _ = load_model(trained_synthetic_models[family][1])
+    from data.batching import ParallelDataset
+
+    dataset = ParallelDataset(
+        tokenizer.encode_src(src.read_text().splitlines()), tokenizer.encode_tgt(tgt.read_text().splitlines())
+    )
+    stats = head_stats(model, dataset)
+    modules = model.attention_modules()
+    assert len(stats) == sum(m.n_heads for kind in modules.values() for m in kind)
+    longest = int(max(dataset.src_lengths().max(), dataset.tgt_lengths().max()))
+    assert all(0.0 <= s.entropy <= math.log(longest) for s in stats)
+    assert max(s.importance for s in stats) > 0.01  # some head matters to a model that reverses
+    assert all(m.head_mask is None for kind in modules.values() for m in kind)  # masks taken off again
+    assert "## Heads" in (runs[family] / "report.md").read_text(encoding="utf-8")
+
+
+def test_the_attention_tab_samples_carry_the_gold_and_the_model_links(aligned):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from viewer.format import decode
+
+    *_, runs = aligned
+    events = EventAccumulator(str(runs["transformer"] / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    tags = sorted(t for t in events.Tags()["tensors"] if t.startswith("nmt_attention/"))
+    assert tags == [f"nmt_attention/sent{i}" for i in range(3)]
+    blobs = events.Tensors(tags[0])[0].tensor_proto.string_val
+    header = decode(blobs[0], blobs[1])
+    n_out = max(header["out_words"])  # the EOS "word" is the last
+    assert sorted(j for _, j in header["gold"]["sure"]) == list(range(n_out))
+    assert len(header["links"]) == n_out and header["links_method"]
+    assert len(header["head_stats"]) == len(header["maps"])
+
+
+def test_a_gold_file_that_does_not_fit_is_one_line(trained_synthetic_models, tmp_path, capsys):
+    src, tgt, gold = reversal_set(tmp_path, count=30)
+    lines = gold.read_text().splitlines()
+    lines[4] = lines[4] + " 40-1"
+    gold.write_text("\n".join(lines) + "\n")
+    code = align_script(
+        "--checkpoint",
+        trained_synthetic_models["rnn"][1],
+        "--src",
+        src,
+        "--tgt",
+        tgt,
+        "--gold",
+        gold,
+        "--dev",
+        10,
+        "--out",
+        tmp_path / "out",
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "gold.talp line 5: link 40-1" in err[0], err
+    assert not (tmp_path / "out").exists()
+
+
+# ----- translate.py: the method of --alignments -----
+@pytest.mark.parametrize("family", FAMILIES)
+def test_translate_aligns_by_the_chosen_reading_in_beam_search_and_nbest(family, trained_synthetic_models):
+    checkpoint = trained_synthetic_models[family][1]
+    sources = ["a b c d e", "f g h i"]
+    plain = translate("--checkpoint", checkpoint, "--beam", 3, *sources)
+    for reading in ("predict", "read"):
+        done = translate(
+            "--checkpoint",
+            checkpoint,
+            "--beam",
+            3,
+            "--nbest",
+            2,
+            "--alignments",
+            "--align-reading",
+            reading,
+            "--align-layer",
+            "all",
+            *sources,
+        )
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()  # "index ||| text ||| score<tab>links"
+        assert len(lines) == 4
+        rows = [line.split("\t")[0].split(" ||| ") + [line.split("\t")[1]] for line in lines]
+        assert [row[1] for row in rows[::2]] == plain.stdout.splitlines()  # alignments change no translation
+        for _, hyp, _, links in rows:
+            js = sorted(int(item.split("-")[1]) for item in links.split())
+            assert js == list(range(len(hyp.split())))
+
+
+def test_the_predicting_step_of_an_rnn_aligns_the_reversal(trained_synthetic_models):
+    translator = Translator.from_checkpoint(trained_synthetic_models["rnn"][1], device="cpu")
+    result = translator.translate(
+        ["a b c d e f"], beam=1, alignments=True, align_method=Method(reading="predict")
+    )[0]
+    assert result.text == "f e d c b a"
+    assert result.alignment == [(5 - j, j) for j in range(6)]
+
+
+def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models):
+    done = translate(
+        "--checkpoint", trained_synthetic_models["rnn"][1], "--alignments", "--align-layer", 3, "a b"
+    )
+    assert_one_error_line(done, "alignment layer 3: the model has 1 decoder layer(s)")
+    done = translate(
+        "--checkpoint", trained_synthetic_models["rnn"][1], "--alignments", "--align-heads", "x", "a b"
+    )
+    assert_one_error_line(done, "--align-heads x: give 'all' or numbers from 1")
