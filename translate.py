@@ -162,6 +162,10 @@ def check_args(args: argparse.Namespace) -> None:
     for path in args.checkpoint:
         check_model_path(Path(path), args.engine)
     method = align_method(args)  # checked here, before torch loads
+    if method is not None and not (args.alignments or args.plot):
+        raise UsageError(
+            "--align-layer/--align-heads/--align-reading choose the maps of --alignments or --plot: give one"
+        )
     if args.engine == "ctranslate2" and method is not None:
         raise UsageError(
             "--align-layer/--align-heads/--align-reading choose among our engine's maps: use --engine torch "
@@ -236,6 +240,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 translator = Translator.for_engine(
                     args.engine, args.checkpoint, args.device, args.dtype, args.threads
                 )
+                if args.alignments or args.plot:
+                    translator.check_alignment(align_method(args))  # before the first line, also at a prompt
                 if not args.sentences and not args.input and sys.stdin.isatty():
                     interactive(translator, out, args)
                 else:

@@ -21,7 +21,7 @@ from data.corpus import read_lines
 
 Link = Tuple[int, int]  # (i, j): source word i, target word j, 0-based
 Links = FrozenSet[Link]  # one sentence pair's alignment
-T = TypeVar("T")
+Item = TypeVar("Item")
 
 _LINK = re.compile(r"^(\d+)([-p])(\d+)$")  # "3-4" sure, "3p4" possible
 
@@ -184,7 +184,7 @@ def diagonal(n_src: int, n_tgt: int) -> Links:
     return frozenset(((2 * j + 1) * n_src // (2 * n_tgt), j) for j in range(n_tgt))
 
 
-def split_dev(items: Sequence[T], n_dev: int = 100) -> Tuple[List[T], List[T]]:
+def split_dev(items: Sequence[Item], n_dev: int = 100) -> Tuple[List[Item], List[Item]]:
     """``(dev, rest)``: the first ``n_dev`` items choose a method (its settings, its layer), the rest
     report it, so the reported figure was not tuned on."""
     if len(items) < 2 or not 1 <= n_dev < len(items):

@@ -31,7 +31,7 @@ class Method:
         if self.layer is not None and self.layer < 1:
             raise ValueError(f"alignment layer {self.layer}: layers count from 1")
         if self.heads is not None and (not self.heads or min(self.heads) < 1):
-            raise ValueError(f"alignment heads {self.heads}: heads count from 1")
+            raise ValueError(f"alignment heads {','.join(map(str, self.heads))}: heads count from 1")
 
     @property
     def label(self) -> str:
@@ -48,7 +48,8 @@ class Method:
         if self.layer is not None and self.layer > n_layers:
             raise ValueError(f"alignment layer {self.layer}: the model has {n_layers} decoder layer(s)")
         if self.heads is not None and max(self.heads) > n_heads:
-            raise ValueError(f"alignment heads {self.heads}: the model has {n_heads} head(s) per layer")
+            heads = ",".join(map(str, self.heads))
+            raise ValueError(f"alignment heads {heads}: the model has {n_heads} head(s) per layer")
 
 
 def parse_method(layer: str, heads: str, reading: str) -> Method:
@@ -64,11 +65,16 @@ def parse_method(layer: str, heads: str, reading: str) -> Method:
 
 
 def every_method(n_layers: int, n_heads: int) -> List[Method]:
-    """Each layer and the mean of all, each head and the mean of all, under both readings."""
-    layers: List[Optional[int]] = [*range(1, n_layers + 1), None] if n_layers > 1 else [None]
-    heads: List[Optional[Tuple[int, ...]]] = [(h,) for h in range(1, n_heads + 1)] if n_heads > 1 else []
-    heads.append(None)
-    return [Method(layer, head, reading) for reading in READINGS for layer in layers for head in heads]
+    """Each head of each layer and the mean of the layer's heads, and the mean of every map, under
+    both readings. (Head ``h`` of one layer has nothing to do with head ``h`` of another, so no mean
+    runs over one head number across the layers.)"""
+    per_layer: List[Tuple[Optional[int], Optional[Tuple[int, ...]]]] = []
+    for layer in range(1, n_layers + 1):
+        per_layer += [(layer, (h,)) for h in range(1, n_heads + 1)] if n_heads > 1 else []
+        per_layer.append((layer, None))
+    if n_layers > 1:
+        per_layer.append((None, None))
+    return [Method(layer, heads, reading) for reading in READINGS for layer, heads in per_layer]
 
 
 # Each family's alignment method when none is chosen (translate.py --alignments, Translator):

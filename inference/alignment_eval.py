@@ -8,23 +8,17 @@ and on the rest; the method with the lowest AER on the dev part is the chosen on
 AER on the rest is the figure to report (choosing on the rest would flatter it).
 
 The report is Markdown: the chosen method, the references, the whole grid, and every head's
-entropy and importance when they were measured (``inference/heads.py``). The figure shows the
-grid's AER on the dev part, one panel per reading, layers by heads.
+entropy and importance when they were measured (``inference/heads.py``); its figure is
+``inference/figures.py``'s ``alignment_grid_figure``.
 """
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, TypeVar
+from typing import List, Mapping, Optional, Sequence, TypeVar
 
-import matplotlib
+from inference.aer import AlignmentScores, Gold, Links, alignment_scores, split_dev
+from inference.heads import HeadStats
 
-matplotlib.use("Agg")  # no display: render to files
-import matplotlib.pyplot as plt  # noqa: E402
-
-from inference.aer import AlignmentScores, Gold, Links, alignment_scores, split_dev  # noqa: E402
-from inference.align_method import READINGS, Method  # noqa: E402
-from inference.heads import HeadStats  # noqa: E402
-
-K = TypeVar("K")
+Key = TypeVar("Key")
 
 
 @dataclass(frozen=True)
@@ -43,7 +37,7 @@ def score(name: str, links: Sequence[Links], gold: Sequence[Gold], n_dev: int) -
     return Scored(name, alignment_scores(dev_links, dev_gold), alignment_scores(rest_links, rest_gold))
 
 
-def choose(scored: Mapping[K, Scored]) -> K:
+def choose(scored: Mapping[Key, Scored]) -> Key:
     """The method with the lowest AER on the dev part (the first of equals)."""
     return min(scored, key=lambda method: scored[method].dev.aer)
 
@@ -104,38 +98,3 @@ def report(
     if stats:
         lines += ["## Heads", "", stats_about, "", *heads_table(stats), ""]
     return "\n".join(lines)
-
-
-def grid_figure(grid: Dict[Method, Scored], title: str):
-    """AER on the dev part of every method: one panel per reading, rows the layers (then their
-    mean), columns the heads (then their mean)."""
-    layers = sorted({m.layer for m in grid if m.layer is not None}) + [None]
-    heads = sorted({m.heads for m in grid if m.heads is not None}) + [None]
-    fig, axes = plt.subplots(
-        1, len(READINGS), figsize=(3 + 1.6 * len(heads) * len(READINGS), 2 + 0.7 * len(layers))
-    )
-    for ax, reading in zip(axes, READINGS):
-        values = [
-            [
-                100 * grid[Method(layer, head, reading)].dev.aer
-                if Method(layer, head, reading) in grid
-                else float("nan")
-                for head in heads
-            ]
-            for layer in layers
-        ]
-        image = ax.imshow(values, cmap="viridis_r", aspect="auto")
-        for r, row in enumerate(values):
-            for c, value in enumerate(row):
-                ax.text(c, r, f"{value:.1f}", ha="center", va="center", color="white", fontsize=9)
-        ax.set_xticks(range(len(heads)))
-        ax.set_xticklabels(["mean" if h is None else ",".join(map(str, h)) for h in heads])
-        ax.set_yticks(range(len(layers)))
-        ax.set_yticklabels(["mean" if layer is None else str(layer) for layer in layers])
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title(f"{reading} step")
-        fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02, label="AER (dev), lower is better")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig

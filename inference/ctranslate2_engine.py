@@ -7,7 +7,8 @@
 
 Only the decoding changes: ``CTranslate2Engine`` decodes the same source ids as ``TorchEngine`` into
 the same ``Hypothesis`` lists, so tokenizing, batching, long inputs, n-best lists, detokenizing and
-alignments are the Translator's, as for a checkpoint. Kept as in our own search:
+words from attention are the Translator's, as for a checkpoint (the attention itself is the
+engine's, returned while it decodes: ``align``). Kept as in our own search:
 
 - the output never holds ``<pad>`` or ``<s>`` (suppressed), and may be empty (EOS first);
 - the length limit of each sentence (``SearchOptions.output_limit``: ``max_len_ratio`` x its
@@ -23,8 +24,9 @@ alignments are the Translator's, as for a checkpoint. Kept as in our own search:
 - scores: the sum of token log-probabilities (EOS included), divided by the penalty for beams.
   With ``<pad>`` and ``<s>`` suppressed the engine renormalises the other tokens' probabilities,
   so its scores can be slightly higher than ours (by the little mass a trained model gives them);
-- alignments: the last decoder layer's cross-attention averaged over the heads (set in the spec);
-  the first row of beam hypotheses is mended (``CTranslate2Engine.mend_first_attention``).
+- alignments: the last decoder layer's cross-attention averaged over the heads at the predicting
+  step (set in the spec; no other method: ``--align-*`` is refused); the first row of beam
+  hypotheses is mended (``CTranslate2Engine.mend_first_attention``).
 """
 
 import ctypes
@@ -180,8 +182,6 @@ class CTranslate2Engine:
             found.append(Hypothesis(tokens, score, attention, finished=finished))
         return sorted(found, key=lambda hyp: hyp.score, reverse=True)
 
-    search_weights = True  # the engine returns each output token's attention while it decodes
-
     def check_method(self, method: Optional[Method]) -> None:
         """The export gives one attention (its alignment layer, set in the spec): a chosen method is a
         one-line ``ValueError``."""
@@ -191,13 +191,19 @@ class CTranslate2Engine:
                 "layer (the last, mean of heads, predict); choose the method with --engine torch"
             )
 
-    def align(self, src_ids: List[int], hyps: Sequence[Hypothesis], method: Optional[Method]) -> List[Tensor]:
-        """The attention the engine returned with each hypothesis, ``(T + 1, S)`` (EOS row last)."""
-        return [hyp.alignment for hyp in hyps]
+    def align(
+        self, batch: List[List[int]], found: List[List[Hypothesis]], method: Optional[Method]
+    ) -> List[List[Tensor]]:
+        """The attention the engine returned with each hypothesis (``decode(..., attention=True)``),
+        ``(T + 1, S)`` (EOS row last: dropped with the words)."""
+        return [[hyp.alignment for hyp in hyps] for hyps in found]
 
-    def decode(self, batch: List[List[int]], options: SearchOptions) -> List[List[Hypothesis]]:
-        """The ``options.nbest`` best hypotheses of each source id list of ``batch`` (EOS included)."""
-        beam, need_weights = options.beam_size, options.need_weights
+    def decode(
+        self, batch: List[List[int]], options: SearchOptions, attention: bool = False
+    ) -> List[List[Hypothesis]]:
+        """The ``options.nbest`` best hypotheses of each source id list of ``batch`` (EOS included),
+        with the attention of each output token when ``attention`` (``Hypothesis.alignment``)."""
+        beam, need_weights = options.beam_size, attention
         limits = [options.output_limit(len(ids), self.max_positions) for ids in batch]
         longest = max(limits)
         results = self.run(batch, longest, beam, need_weights)

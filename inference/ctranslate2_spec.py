@@ -110,8 +110,8 @@ def transformer_spec(
     """The spec of a Transformer with config ``cfg``, ``weights`` (its state dict), the position table
     ``positions`` ``(max_positions, D)`` it adds, and the pieces of its vocabularies in id order.
 
-    The engine's alignment is the last decoder layer's cross-attention averaged over all heads, as
-    ``translate.py --alignments`` takes it from our model.
+    The engine's alignment is the last decoder layer's cross-attention averaged over all heads, at
+    the predicting step (our ``--align-layer N``, N the last layer, with ``--engine torch``).
     """
     spec = ctranslate2.specs.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),

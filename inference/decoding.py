@@ -8,9 +8,10 @@ from typing import Dict, Iterator, List, Tuple
 import torch
 from torch import nn
 
-from data.batching import Batch, ParallelDataset, TokenBucketSampler, pad
+from data.batching import Batch, ParallelDataset, TokenBucketSampler
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
+from inference.forced_alignment import forced_attention
 from inference.translator import detokenize
 from models.search import Hypothesis, search
 from models.search_options import SearchOptions
@@ -49,23 +50,19 @@ def decode_ids(
     return results
 
 
-@torch.no_grad()
 def output_attention(
-    model: nn.Module, dataset: ParallelDataset, found: List[Hypothesis], device: torch.device
+    model: nn.Module, dataset: ParallelDataset, found: List[Hypothesis]
 ) -> Tuple[Dict[str, object], List[List[int]], List[List[int]]]:
     """Attention of the model over the first ``len(found)`` sentences of ``dataset`` while it
-    produces its own outputs ``found`` (fed back teacher-forced, EOS last when it emitted one).
+    produces its own outputs ``found`` (fed back teacher-forced, EOS last when it emitted one:
+    ``inference.forced_alignment.forced_attention``).
 
     Returns the model's attention (``forward(..., need_weights=True)``), the source ids (EOS
     included) and the output ids of each sentence: the axes of the attention maps.
     """
-    n = len(found)
-    batch = dataset.batch(range(n)).to(device)
     out_ids = [(h.tokens + ([EOS_ID] if h.finished else [])) or [EOS_ID] for h in found]
-    tgt_in = pad([[BOS_ID] + ids[:-1] for ids in out_ids], PAD_ID).to(device)  # (B, T)
-    model.eval()
-    _, attention = model(batch.src, batch.src_mask, tgt_in, need_weights=True)
-    src_ids = [dataset.src[i] + [EOS_ID] for i in range(n)]
+    src_ids = [dataset.src[i] + [EOS_ID] for i in range(len(found))]
+    attention = forced_attention(model, src_ids, [ids[:-1] for ids in out_ids])
     return attention, src_ids, out_ids
 
 

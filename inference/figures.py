@@ -8,17 +8,21 @@ drawn at ``PIXELS_PER_CARD_PIXEL`` times the card's width with labels that come 
 always) and labels every k-th column when the columns cannot all have a readable label; text never
 gets smaller. A figure that is a file of its own (``translate.py --plot``) grows wide instead and
 labels every column. The attention viewer's tab (``viewer/``) shows every label of any length.
+
+``alignment_grid_figure`` is ``scripts/align.py``'s figure: each alignment method's AER, layers by heads.
 """
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display: render to images
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
+
+from inference.align_method import READINGS, Method  # noqa: E402
 
 CARD_WIDTH_PX = 290  # an image card of TensorBoard 2.21's Images tab, in a 1600 x 1200 window
 PIXELS_PER_CARD_PIXEL = 2  # image pixels per screen pixel of the card: sharp on dense screens too
@@ -86,5 +90,42 @@ def attention_figure(
     ax.set_title(title, fontsize=size.font_pt, wrap=True)
     bar = fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
     bar.ax.tick_params(labelsize=size.font_pt * 0.8)
+    fig.tight_layout()
+    return fig
+
+
+def alignment_grid_figure(grid: Mapping[Method, Any], title: str):
+    """AER on the dev part of every method (``grid``: ``inference.alignment_eval.Scored`` by method):
+    one panel per reading, rows the layers (then the mean of all), columns the heads (then their mean)."""
+    layers = sorted({m.layer for m in grid if m.layer is not None}) + [None] * any(
+        m.layer is None for m in grid
+    )
+    heads = sorted({m.heads for m in grid if m.heads is not None}) + [None]
+    fig, axes = plt.subplots(
+        1, len(READINGS), figsize=(3 + 1.6 * len(heads) * len(READINGS), 2 + 0.7 * len(layers))
+    )
+    for ax, reading in zip(axes, READINGS):
+        values = [
+            [
+                100 * grid[Method(layer, head, reading)].dev.aer
+                if Method(layer, head, reading) in grid
+                else float("nan")
+                for head in heads
+            ]
+            for layer in layers
+        ]
+        image = ax.imshow(values, cmap="viridis_r", aspect="auto")
+        for r, row in enumerate(values):
+            for c, value in enumerate(row):
+                ax.text(c, r, f"{value:.1f}", ha="center", va="center", color="white", fontsize=9)
+        ax.set_xticks(range(len(heads)))
+        ax.set_xticklabels(["mean" if h is None else ",".join(map(str, h)) for h in heads])
+        ax.set_yticks(range(len(layers)))
+        ax.set_yticklabels(["mean" if layer is None else str(layer) for layer in layers])
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{reading} step")
+        fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02, label="AER (dev), lower is better")
+    fig.suptitle(title)
     fig.tight_layout()
     return fig

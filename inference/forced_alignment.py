@@ -2,16 +2,23 @@
 
 A model is fed a given target teacher-forced (forced decoding) and every cross-attention map is
 kept: ``(L, H, T + 1, S)`` per sentence, ``L`` decoder layers of ``H`` heads (the RNN: one layer,
-one head but for ``multihead``), one row per decoder input (``<s>`` then the ``T`` target pieces),
-one column per source piece (EOS last). A ``Method`` turns those maps into one ``(T, S)`` map:
+one head but for ``multihead``), one row per decoder input (row 0 reads ``<s>``, row ``j + 1``
+reads target piece ``j``), one column per source piece (EOS last). A ``Method``
+(``inference/align_method.py``) turns those maps into one ``(T, S)`` map, one row per target piece
+``j`` (0-based):
 
 - the **layer**: one (1-based) or the mean of all;
 - the **heads**: some (1-based) or the mean of all;
-- the **reading**: which decoder step stands for target piece ``t``. ``predict`` takes the row of
-  the step that predicts it (input ``y_{t-1}``, row ``t``); ``read`` the row of the step after,
-  whose input is ``y_t`` (row ``t + 1``). A decoder attends to the source to choose the next word,
-  so the predicting step may look where the next word comes from; the reading step has the word
-  itself in its input (Kobayashi et al. 2020 found middle layers at the reading step to align best).
+- the **reading**: ``predict`` takes row ``j``, the step that predicts piece ``j`` (its input is the
+  piece before); ``read`` row ``j + 1``, the step whose input is piece ``j``. A decoder attends to
+  the source to choose its next word, so the predicting step may look where that word comes from;
+  in a Transformer the reading step's attention has the word itself in its query (Kobayashi et al.
+  2020 found middle layers at the reading step to align best). The RNN's attention query is the
+  state before the step's input is read (Bahdanau's data flow), so its ``read`` row has not seen
+  piece ``j`` yet: it is the row that predicts piece ``j + 1``.
+
+A Transformer with learned positions reads at most ``max_positions`` inputs: for a target of that
+many pieces the last piece's ``read`` row is its ``predict`` row (the only one there is).
 
 Pieces are pooled to words (``inference/alignment.py``: ``word_attention``) and each target word
 is linked to its most-attended source word (``hard_alignment``).
@@ -29,6 +36,7 @@ from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from inference.align_method import Method
 from inference.alignment import hard_alignment, word_attention
+from models.seq2seq import Attention
 
 
 def method_map(maps: Tensor, method: Method) -> Tensor:
@@ -41,18 +49,34 @@ def method_map(maps: Tensor, method: Method) -> Tensor:
 
 
 @torch.no_grad()
-def cross_maps(model: nn.Module, src_ids: Sequence[List[int]], tgt_ids: Sequence[List[int]]) -> List[Tensor]:
-    """Each sentence's cross-attention ``(L, H, T + 1, S)`` with its target fed teacher-forced.
-
-    ``src_ids`` end with EOS; ``tgt_ids`` are the target pieces (no BOS, no EOS): the decoder reads
-    ``<s> y_1 .. y_T`` and its ``T + 1`` rows predict ``y_1 .. y_T, </s>``."""
+def forced_attention(
+    model: nn.Module, src_ids: Sequence[List[int]], tgt_ids: Sequence[List[int]]
+) -> Attention:
+    """The attention of ``model`` (put in eval mode) reading each source ``src_ids`` (EOS last) while
+    fed ``<s>`` and its target pieces ``tgt_ids`` teacher-forced: ``forward(..., need_weights=True)``'s
+    dict (``models/seq2seq.py``), padded ``(B, H, T + 1, S)`` maps. A model with ``max_positions``
+    reads at most that many inputs."""
     device = next(model.parameters()).device
+    limit = getattr(model, "max_positions", None) or max(len(ids) + 1 for ids in tgt_ids)
     src = pad(list(src_ids), PAD_ID).to(device)  # (B, S)
-    tgt_in = pad([[BOS_ID, *ids] for ids in tgt_ids], PAD_ID).to(device)  # (B, T + 1)
+    tgt_in = pad([[BOS_ID, *ids][:limit] for ids in tgt_ids], PAD_ID).to(device)  # (B, T + 1)
     model.eval()
     _, attention = model(src, source_mask(src), tgt_in, need_weights=True)
-    maps = torch.stack([w.float() for w in attention["cross"]], dim=1)  # (B, L, H, T + 1, S)
-    return [maps[b, :, :, : len(t) + 1, : len(s)].cpu() for b, (s, t) in enumerate(zip(src_ids, tgt_ids))]
+    return attention
+
+
+def cross_maps(model: nn.Module, src_ids: Sequence[List[int]], tgt_ids: Sequence[List[int]]) -> List[Tensor]:
+    """Each sentence's cross-attention ``(L, H, T + 1, S)`` with its target fed teacher-forced
+    (``forced_attention``): row ``j`` predicts target piece ``j``, the last row ``</s>``."""
+    attention = forced_attention(model, src_ids, tgt_ids)
+    maps = torch.stack([w.float() for w in attention["cross"]], dim=1)  # (B, L, H, T' + 1, S)
+    found = []
+    for b, (src, tgt) in enumerate(zip(src_ids, tgt_ids)):
+        rows = maps[b, :, :, : len(tgt) + 1, : len(src)]  # (L, H, T + 1, S), or T rows at max_positions
+        if rows.size(2) == len(tgt):  # no row read the last piece: its predict row stands in
+            rows = torch.cat([rows, rows[:, :, -1:]], dim=2)  # (L, H, T + 1, S)
+        found.append(rows.cpu())
+    return found
 
 
 def batched_cross_maps(
@@ -72,11 +96,11 @@ def batched_cross_maps(
 
 
 def word_links(
-    maps: Tensor, method: Method, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
+    rows: Tensor, src_pieces: Sequence[str], tgt_pieces: Sequence[str]
 ) -> Tuple[Tensor, List[Tuple[int, int]]]:
-    """The method's ``(W_tgt, W_src)`` word attention of one sentence and its ``(i, j)`` links
-    (source word ``i``, target word ``j``, 0-based)."""
-    words = word_attention(method_map(maps, method), src_pieces, tgt_pieces)  # (W_tgt, W_src)
+    """One sentence's ``(T, S)`` source attention (``method_map``) -> its ``(W_tgt, W_src)`` word
+    attention and its ``(i, j)`` links (source word ``i``, target word ``j``, 0-based)."""
+    words = word_attention(rows, src_pieces, tgt_pieces)  # (W_tgt, W_src)
     return words, hard_alignment(words)
 
 

@@ -84,7 +84,9 @@ def head_stats(model: nn.Module, dataset: ParallelDataset, batch_tokens: int = 8
     weights, then one pass per head with that head masked."""
     model.eval()
     data = list(ordered_batches(dataset, batch_tokens))
-    loss, entropy = loss_and_entropy(model, data)
+    _, entropy = loss_and_entropy(model, data)
+    # the baseline by the same kernels as the masked passes (the weights take another path)
+    loss = loss_and_entropy(model, data, need_weights=False)[0]
     stats = []
     for kind, modules in model.attention_modules().items():
         for layer, module in enumerate(modules, start=1):

@@ -35,8 +35,8 @@ from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from inference.aer import pharaoh
 from inference.align_method import DEFAULT_METHODS, Method
-from inference.alignment import hard_alignment, piece_words, word_attention
-from inference.forced_alignment import cross_maps, method_map
+from inference.alignment import piece_words
+from inference.forced_alignment import batched_cross_maps, method_map, word_links
 from models.build import build_model
 from models.config import config_from_dict
 from models.ensemble import Ensemble
@@ -192,6 +192,11 @@ def check_same_vocabulary(
 class TorchEngine:
     """Our own search (``models.search``) over a model on one device: the engine of a checkpoint.
 
+    An engine (this one, or ``inference.ctranslate2_engine.CTranslate2Engine``) has ``decode(batch,
+    options, attention)`` (each source's n-best hypotheses; ``attention``: alignments will be asked
+    of them), ``check_method(method)`` (a one-line ``ValueError`` for a method it cannot align by)
+    and ``align(batch, found, method)`` (each hypothesis's ``(T, S)`` source attention).
+
     ``amp`` and ``tf32``: the precision of ``common.device.use_precision``, as in training."""
 
     def __init__(self, model: nn.Module, device: torch.device, amp: bool = False, tf32: bool = False):
@@ -200,10 +205,11 @@ class TorchEngine:
         self.autocast = use_precision(device, amp, tf32)
         self.dtype = precision_name(device, amp, tf32)
 
-    search_weights = False  # alignments come from a forced pass over the hypotheses (align), not the search
-
-    def decode(self, batch: List[List[int]], options: SearchOptions) -> List[List[Hypothesis]]:
-        """The n-best hypotheses of a batch of source id lists (EOS included)."""
+    def decode(
+        self, batch: List[List[int]], options: SearchOptions, attention: bool = False
+    ) -> List[List[Hypothesis]]:
+        """The n-best hypotheses of a batch of source id lists (EOS included). The search is the same
+        with ``attention``: ``align`` reads the attention from a pass over the hypotheses."""
         src = pad(batch, PAD_ID).to(self.device)  # (B, S)
         src_mask = source_mask(src)  # (B, S)
         with self.autocast():
@@ -215,21 +221,31 @@ class TorchEngine:
 
     def check_method(self, method: Optional[Method]) -> None:
         """A one-line ``ValueError`` when a member has no such layer or head (None: each family's default)."""
-        for model in self.members():
+        members = self.members()
+        for number, model in enumerate(members, start=1):
             cross = model.attention_modules()["cross"]
-            (method or DEFAULT_METHODS[model.cfg.name]).check(len(cross), cross[0].n_heads)
+            try:
+                (method or DEFAULT_METHODS[model.cfg.name]).check(len(cross), cross[0].n_heads)
+            except ValueError as error:
+                which = f"ensemble member {number} ({model.cfg.name}): " if len(members) > 1 else ""
+                raise ValueError(which + str(error)) from None
 
-    def align(self, src_ids: List[int], hyps: Sequence[Hypothesis], method: Optional[Method]) -> List[Tensor]:
+    def align(
+        self, batch: List[List[int]], found: List[List[Hypothesis]], method: Optional[Method]
+    ) -> List[List[Tensor]]:
         """Each hypothesis's ``(T, S)`` source attention by ``method`` (None: each member's family
-        default, ``DEFAULT_METHODS``): its tokens fed teacher-forced, the members' maps averaged."""
-        tokens = [hyp.tokens for hyp in hyps]
+        default, ``DEFAULT_METHODS``), per source of ``batch``: every hypothesis fed teacher-forced
+        (``inference.forced_alignment``), the members' maps averaged."""
+        sources = [src for src, hyps in zip(batch, found) for _ in hyps]
+        tokens = [hyp.tokens for hyps in found for hyp in hyps]
         per_member = []
         for model in self.members():
             with self.autocast():
-                maps = cross_maps(model, [src_ids] * len(hyps), tokens)  # (L, H, T + 1, S) each
+                maps = batched_cross_maps(model, sources, tokens)  # (L, H, T + 1, S) each
             chosen = method or DEFAULT_METHODS[model.cfg.name]
             per_member.append([method_map(m, chosen) for m in maps])  # (T, S) each
-        return [torch.stack(rows).mean(dim=0) for rows in zip(*per_member)]  # (T, S) each
+        rows = iter([torch.stack(maps).mean(dim=0) for maps in zip(*per_member)])  # (T, S) each
+        return [[next(rows) for _ in hyps] for hyps in found]
 
 
 class Translator:
@@ -350,19 +366,26 @@ class Translator:
             nbest=nbest,
             max_len_ratio=max_len_ratio,
             max_len_extra=max_len_extra,
-            need_weights=alignments and self.engine.search_weights,
         )
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: must be at least 1")
         if alignments:
-            self.engine.check_method(align_method)
+            self.check_alignment(align_method)
         results = [blank_translation(alignments) for _ in sentences]
         todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
         ids = self.encode([sentences[i] for i in todo], [first_line + i for i in todo])
         for chunk in length_batches([len(row) for row in ids], batch_size):
-            for k, hyps in zip(chunk, self.engine.decode([ids[k] for k in chunk], options)):
-                results[todo[k]] = self.result(ids[k], hyps, alignments, align_method)
+            batch = [ids[k] for k in chunk]
+            found = self.engine.decode(batch, options, attention=alignments)
+            maps = self.engine.align(batch, found, align_method) if alignments else [None] * len(found)
+            for k, hyps, rows in zip(chunk, found, maps):
+                results[todo[k]] = self.result(ids[k], hyps, rows)
         return results
+
+    def check_alignment(self, method: Optional[Method]) -> None:
+        """A one-line ``ValueError`` when the engine cannot align by ``method`` (None: each family's
+        default), before anything is decoded."""
+        self.engine.check_method(method)
 
     def encode(self, sentences: Sequence[str], numbers: Sequence[int]) -> List[List[int]]:
         """Source ids with EOS; a sentence too long for the model is cut, with a warning naming its line."""
@@ -383,12 +406,11 @@ class Translator:
             encoded.append(ids + [EOS_ID])
         return encoded
 
-    def result(
-        self, src_ids: List[int], hyps: List[Hypothesis], alignments: bool, method: Optional[Method]
-    ) -> Translation:
-        """The ``Translation`` of one sentence: its best hypothesis, and all of them in ``nbest``."""
+    def result(self, src_ids: List[int], hyps: List[Hypothesis], maps: Optional[List[Tensor]]) -> Translation:
+        """The ``Translation`` of one sentence: its best hypothesis, and all of them in ``nbest``
+        (with ``maps``, each hypothesis's ``(T, S)`` source attention, their alignments)."""
         texts = detokenize(self.tokenizer, hyps)
-        maps = self.engine.align(src_ids, hyps, method) if alignments else [None] * len(hyps)  # (T, S) each
+        maps = maps or [None] * len(hyps)
         found = [self.describe(src_ids, hyp, text, rows) for hyp, text, rows in zip(hyps, texts, maps)]
         return replace(found[0], nbest=found)
 
@@ -399,11 +421,11 @@ class Translator:
             return Translation(text, hyp.score, finished=hyp.finished)
         src_pieces = self.tokenizer.src_pieces(src_ids[:-1])  # without EOS
         out_pieces = self.tokenizer.tgt_pieces(hyp.tokens)
-        words = word_attention(rows, src_pieces, out_pieces)  # (W_tgt, W_src)
+        words, links = word_links(rows, src_pieces, out_pieces)  # (W_tgt, W_src), [(i, j)]
         return Translation(
             text,
             hyp.score,
-            hard_alignment(words),
+            links,
             words=words,
             src_words=piece_words(src_pieces),
             out_words=piece_words(out_pieces),

@@ -170,9 +170,8 @@ class SingleHeadAttention(AttentionFunction):
         context, weights = weighted_values(
             self.score(q, k), v, mask, dropout_p
         )  # (B, 1, T, D_value), (B, 1, T, S)
-        return self.gate(context).squeeze(
-            1
-        ), weights if need_weights else None  # (B, T, D_value), (B, 1, T, S)
+        context = self.gate(context).squeeze(1)  # (B, T, D_value)
+        return context, weights if need_weights else None  # (B, T, D_value), (B, 1, T, S)
 
 
 class AdditiveAttention(SingleHeadAttention):

@@ -59,9 +59,9 @@ def map_state(state: Any, fn: Callable[[Tensor], Tensor], skip: FrozenSet[str] =
 class Hypothesis:
     tokens: List[int]  # without BOS / EOS
     score: float  # sum of token log-probabilities (beam search: divided by the length penalty)
-    # (len(tokens) + 1, S): source attention of each emitted token, EOS last, from an engine that
-    # returns it while it decodes (CTranslate2); this search leaves it None (alignments come from a
-    # forced pass over the hypothesis: inference/forced_alignment.py).
+    # (len(tokens) + 1, S): source attention of each emitted token, EOS last ((len(tokens), S) when cut
+    # at the length limit), from an engine that returns it while it decodes (CTranslate2). This
+    # search leaves it None: the Translator reads alignments from a pass over the finished output.
     alignment: Optional[Tensor] = None
     finished: bool = True  # False when the search stopped at the length limit before EOS
 

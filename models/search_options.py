@@ -34,7 +34,6 @@ class SearchOptions:
     max_len: Optional[int] = None  # the longest output of every sentence; None: by source length ...
     max_len_ratio: float = MAX_LEN_RATIO  # ... this times its source tokens (EOS included) ...
     max_len_extra: int = MAX_LEN_EXTRA  # ... plus this many
-    need_weights: bool = False  # an engine that can gives each hypothesis its source attention (CTranslate2)
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.checkpoint import CheckpointError  # noqa: E402
-from common.files import write_lines  # noqa: E402
+from common.files import AtomicFile, write_lines  # noqa: E402
 from data.corpus import read_lines  # noqa: E402
 from data.errors import DataError  # noqa: E402
 from inference.aer import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold  # noqa: E402
@@ -85,6 +85,12 @@ def check_args(args: argparse.Namespace) -> None:
         sys.exit("error: without --gold the reference is fast_align: give --train-src and --train-tgt")
     if args.dev < 1:
         sys.exit(f"error: --dev {args.dev}: at least one pair chooses the method")
+    if args.samples < 1:
+        sys.exit(f"error: --samples {args.samples}: write at least one pair (or leave --tensorboard out)")
+    if args.tokenize and args.gold:
+        sys.exit(
+            "error: --tokenize with --gold: gold links count the words of the text as given; give tokenized text"
+        )
 
 
 def words_of(lines: Sequence[str], tokenize: bool, lang: str) -> List[List[str]]:
@@ -137,10 +143,13 @@ def piece_ids(tokenizer, src_words, tgt_words) -> Tuple[List[List[int]], List[Li
 
 def model_links(maps, methods, src_pieces, tgt_pieces) -> Dict[Method, List[Links]]:
     """Every method's links of every pair."""
-    from inference.forced_alignment import word_links
+    from inference.forced_alignment import method_map, word_links
 
     return {
-        method: [frozenset(word_links(m, method, s, t)[1]) for m, s, t in zip(maps, src_pieces, tgt_pieces)]
+        method: [
+            frozenset(word_links(method_map(m, method), s, t)[1])
+            for m, s, t in zip(maps, src_pieces, tgt_pieces)
+        ]
         for method in methods
     }
 
@@ -170,39 +179,37 @@ def head_stats_by_map(stats) -> List[List[dict]]:
 
 
 def write_samples(log_dir: Path, model, sample: Sample, tokenizer, gold, links, stats) -> None:
-    """The pairs of ``sample`` as Attention-tab sentences (tags ``nmt_attention/sent<i>``, step 0)
+    """The pairs of ``sample`` as Attention-tab sentences (tags ``nmt_attention/gold<i>``, step 0)
     with the reference's links (``gold``), the chosen method's (``links``: the links per pair and
     the method's name) and, when measured, every head's numbers."""
-    import torch
-    from torch.utils.tensorboard import SummaryWriter
+    from data.specials import EOS_ID
+    from inference.forced_alignment import forced_attention, src_with_eos
+    from training.board import Board
+    from viewer.summaries import Texts
 
-    from data.batching import pad, source_mask
-    from data.specials import BOS_ID, EOS_ID, PAD_ID
-    from viewer.format import PLUGIN_NAME, summary_of
-    from viewer.summaries import Texts, encode
-
-    device = next(model.parameters()).device
-    src = pad([ids + [EOS_ID] for ids in sample.src_ids], PAD_ID).to(device)  # (B, S)
-    tgt_in = pad([[BOS_ID] + ids for ids in sample.tgt_ids], PAD_ID).to(device)  # (B, T + 1)
-    with torch.no_grad():
-        _, attention = model.eval()(src, source_mask(src), tgt_in, need_weights=True)
+    attention = forced_attention(model, src_with_eos(sample.src_ids), sample.tgt_ids)
     per_map = head_stats_by_map(stats) if stats else None
-    writer = SummaryWriter(log_dir=str(log_dir))
-    for b, (src_ids, tgt_ids) in enumerate(zip(sample.src_ids, sample.tgt_ids)):
-        header, weights = encode(
-            attention,
-            b,
-            tokenizer.src_pieces(src_ids + [EOS_ID]),
-            tokenizer.tgt_pieces(tgt_ids + [EOS_ID]),
-            Texts(sample.src_text[b], sample.tgt_text[b], sample.tgt_text[b]),
-            model.cfg.name,
-            gold={"sure": sorted(gold[b].sure), "possible": sorted(gold[b].possible)},
-            links=sorted(links[0][b]),
-            links_method=links[1],
-            head_stats=per_map,
-        )
-        writer._get_file_writer().add_summary(summary_of(f"{PLUGIN_NAME}/sent{b}", header, weights), 0)
-    writer.close()
+    extras = [
+        {
+            "gold": {"sure": sorted(gold[b].sure), "possible": sorted(gold[b].possible)},
+            "links": sorted(links[0][b]),
+            "links_method": links[1],
+            "head_stats": per_map,
+        }
+        for b in range(len(sample.src_ids))
+    ]
+    board = Board(log_dir)
+    board.attention_summaries(
+        model.cfg.name,
+        attention,
+        [tokenizer.src_pieces(ids + [EOS_ID]) for ids in sample.src_ids],
+        [tokenizer.tgt_pieces(ids + [EOS_ID]) for ids in sample.tgt_ids],
+        [Texts(src, tgt, tgt) for src, tgt in zip(sample.src_text, sample.tgt_text)],
+        0,
+        tag="gold",
+        extras=extras,
+    )
+    board.close()
 
 
 def reference_about(gold: Optional[str]) -> str:
@@ -281,15 +288,16 @@ def heads_section(args: argparse.Namespace, model, tokenizer) -> Tuple[Optional[
 def run(args: argparse.Namespace) -> str:
     """Everything the command does; returns the report."""
     from common.device import pick_device
-    from inference.alignment_eval import choose, grid_figure, report, score
+    from inference.alignment_eval import choose, report, score
+    from inference.figures import alignment_grid_figure
     from inference.forced_alignment import batched_cross_maps, src_with_eos
     from inference.translator import load_model
 
     src_lines, tgt_lines, src_words, tgt_words = read_pairs(args)
-    references, gold = references_and_gold(args, src_words, tgt_words)
     model, tokenizer, payload = load_model(Path(args.checkpoint), pick_device(args.device))
     family, attention = payload["model_config"]["name"], payload["model_config"].get("attention", "")
     src_ids, tgt_ids = piece_ids(tokenizer, src_words, tgt_words)
+    references, gold = references_and_gold(args, src_words, tgt_words)
 
     start = time.perf_counter()
     maps = batched_cross_maps(model, src_with_eos(src_ids), tgt_ids)  # (L, H, T + 1, S) each
@@ -309,8 +317,8 @@ def run(args: argparse.Namespace) -> str:
         f"Pairs: `{args.src}` / `{args.tgt}`, {len(src_lines)} pairs; the first {args.dev} are the dev part "
         f"(the method is chosen there), the other {len(src_lines) - args.dev} the rest (reported).",
         f"Reference: {reference_about(args.gold)}.",
-        f"Methods: {len(methods)} (each layer and the mean of the layers, each head and the mean of the heads, "
-        f"the predicting step and the reading step); forced decoding and pooling took {seconds:.1f} s.",
+        f"Methods: {len(methods)} (each layer's heads and their mean, the mean of all layers, at the predicting "
+        f"step and at the reading step); forced decoding and pooling took {seconds:.1f} s.",
         "AER, precision and recall in percent; AER = 1 - (|A & S| + |A & P|) / (|A| + |S|).",
     ]
     refs = [score(name, links, gold, args.dev) for name, links in references.items()]
@@ -324,13 +332,14 @@ def run(args: argparse.Namespace) -> str:
         stats_about,
     )
 
+    what = "AER against human links" if args.gold else "disagreement with fast_align (1 - agreement)"
+    figure = alignment_grid_figure(scored, f"{family}, {attention} attention: {what}, dev part")
+    # everything is computed: the files now, each written whole or not at all
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_lines(out / "alignments.txt", [pharaoh(sorted(links)) for links in predicted[chosen]])
-    what = "AER against human links" if args.gold else "disagreement with fast_align (1 - agreement)"
-    grid_figure(scored, f"{family}, {attention} attention: {what}, dev part").savefig(
-        out / "grid.png", dpi=100
-    )
+    with AtomicFile(out / "grid.png", mode="wb") as file:
+        figure.savefig(file, format="png", dpi=100)
     write_lines(out / "report.md", text.splitlines())
     if args.tensorboard:
         n = min(args.samples, len(src_ids))
@@ -345,7 +354,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     check_args(args)
     try:
         print(run(args))
-    except (AlignmentError, DataError, CheckpointError) as error:
+    except (AlignmentError, DataError, CheckpointError, ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

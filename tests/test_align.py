@@ -14,10 +14,16 @@ from synthetic import reversal_pairs
 
 from inference.aer import alignment_scores, read_gold, read_pharaoh, split_dev
 from inference.align_method import Method, every_method, parse_method
-from inference.forced_alignment import method_map
+from inference.forced_alignment import cross_maps, method_map
 from inference.heads import head_stats
 from inference.translator import Translator, load_model
-from models.attention import MultiHeadAttention
+from models.attention import (
+    AdditiveAttention,
+    GeneralAttention,
+    MultiHeadAdditiveAttention,
+    MultiHeadAttention,
+    ScaledDotAttention,
+)
 
 from helpers import assert_one_error_line, translate, write_lines
 
@@ -37,8 +43,9 @@ def test_the_reading_step_is_the_row_after_the_predicting_one():
 
 def test_every_method_covers_layers_heads_and_readings():
     methods = every_method(3, 4)
-    assert len(methods) == 2 * (3 + 1) * (4 + 1) and len(set(methods)) == len(methods)
-    assert every_method(1, 1) == [Method(reading="predict"), Method(reading="read")]  # the RNN's one map
+    # each layer's 4 heads and their mean, and the mean of every map, under both readings
+    assert len(methods) == 2 * (3 * (4 + 1) + 1) and len(set(methods)) == len(methods)
+    assert every_method(1, 1) == [Method(1, None, "predict"), Method(1, None, "read")]  # the RNN's one map
     assert Method(2, (3,), "read").label == "layer 2, head 3, read"
     assert parse_method("all", "1,3", "read") == Method(None, (1, 3), "read")
 
@@ -57,16 +64,73 @@ def test_a_bad_method_is_one_line(layer, heads, reading, message):
         parse_method(layer, heads, reading)
 
 
-def test_a_masked_head_adds_nothing_to_the_output(seed):
-    attention = MultiHeadAttention(d_model=8, n_heads=2).eval()
+@pytest.mark.parametrize("need_weights", [False, True])  # the fused kernel and the explicit path
+@pytest.mark.parametrize("cls", [MultiHeadAttention, MultiHeadAdditiveAttention])
+def test_a_masked_head_adds_nothing_to_the_output(cls, need_weights, seed):
+    attention = cls(d_model=8, n_heads=2).eval()
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
         attention.head_mask = torch.tensor([1.0, 0.0])
-        masked, _ = attention(x, x, x)
+        masked, _ = attention(x, x, x, need_weights=need_weights)
         attention.head_mask = None
         attention.out_proj.weight[:, 4:] = 0.0  # W_O's columns that read head 2
-        by_hand, _ = attention(x, x, x)
+        by_hand, _ = attention(x, x, x, need_weights=need_weights)
     torch.testing.assert_close(masked, by_hand)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: AdditiveAttention(6, 8, 5), lambda: GeneralAttention(6, 8), lambda: ScaledDotAttention(6, 8, 5)],
+    ids=["additive", "general", "scaled_dot"],
+)
+def test_masking_the_one_head_of_a_single_head_attention_leaves_no_context(make, seed):
+    attention = make().eval()
+    query, memory = torch.randn(2, 3, 6), torch.randn(2, 4, 8)
+    attention.head_mask = torch.tensor([0.0])
+    context, weights = attention(query, memory, memory, need_weights=True)
+    assert torch.equal(context, torch.zeros(2, 3, 8))
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 1, 3))  # the weights are as they were
+
+
+def test_the_masks_are_taken_off_when_a_measurement_fails(trained_synthetic_models, monkeypatch):
+    import inference.heads as heads
+
+    model, tokenizer, _ = load_model(trained_synthetic_models["transformer"][1])
+    from data.batching import ParallelDataset
+
+    dataset = ParallelDataset(tokenizer.encode_src(["a b c"]), tokenizer.encode_tgt(["c b a"]))
+    measure = heads.loss_and_entropy
+
+    def failing(model, data, need_weights=True):
+        if any(m.head_mask is not None for kind in model.attention_modules().values() for m in kind):
+            raise RuntimeError("out of memory")
+        return measure(model, data, need_weights)
+
+    monkeypatch.setattr(heads, "loss_and_entropy", failing)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        head_stats(model, dataset)
+    assert all(m.head_mask is None for kind in model.attention_modules().values() for m in kind)
+
+
+def test_a_target_as_long_as_learned_positions_reach_is_aligned(seed):
+    """At ``max_positions`` target pieces no input reads the last one: its read row is its predict row."""
+    from models.build import build_model
+    from models.config import TransformerConfig
+
+    cfg = TransformerConfig(
+        d_model=16,
+        n_heads=2,
+        ff_size=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        positions="learned",
+        max_positions=6,
+    )
+    model = build_model(cfg, 30, 30, 0)
+    maps = cross_maps(model, [[5, 6, 7, 3]], [[8, 9, 10, 11, 12, 13]])[0]  # 6 pieces: 7 inputs, 6 fit
+    assert maps.shape == (2, 2, 7, 4)
+    assert torch.equal(maps[:, :, 6], maps[:, :, 5])
+    assert method_map(maps, Method(reading="read")).shape == (6, 4)
 
 
 # ----- scripts/align.py on the reversal task -----
@@ -174,13 +238,30 @@ def test_the_attention_tab_samples_carry_the_gold_and_the_model_links(aligned):
     events = EventAccumulator(str(runs["transformer"] / "tb"), size_guidance={"tensors": 0})
     events.Reload()
     tags = sorted(t for t in events.Tags()["tensors"] if t.startswith("nmt_attention/"))
-    assert tags == [f"nmt_attention/sent{i}" for i in range(3)]
+    assert tags == [f"nmt_attention/gold{i}" for i in range(3)]  # apart from the validation sentences
     blobs = events.Tensors(tags[0])[0].tensor_proto.string_val
     header = decode(blobs[0], blobs[1])
     n_out = max(header["out_words"])  # the EOS "word" is the last
     assert sorted(j for _, j in header["gold"]["sure"]) == list(range(n_out))
     assert len(header["links"]) == n_out and header["links_method"]
     assert len(header["head_stats"]) == len(header["maps"])
+
+
+def test_without_gold_fast_align_is_the_reference(trained_synthetic_models, synthetic_corpus, tmp_path):
+    """Raw text, Moses-tokenized; the reference is fast_align trained on the training text and
+    these pairs: the report says it measures agreement, and the model agrees with it."""
+    src, tgt, _ = reversal_set(tmp_path)
+    out = tmp_path / "out"
+    code = align_script(
+        "--checkpoint", trained_synthetic_models["rnn"][1], "--tokenize", "--src", src, "--tgt", tgt,
+        "--train-src", synthetic_corpus / "train.de.gz", "--train-tgt", synthetic_corpus / "train.en.gz",
+        "--dev", 20, "--out", out,
+    )  # fmt: skip
+    assert code == 0
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "agreement with an aligner, not accuracy" in report
+    chosen = float(re.search(r"lowest AER\): \*\*.+?\*\*, AER ([\d.]+) on the rest", report).group(1))
+    assert chosen < 50.0 < reported_aer(report, "diagonal")  # fast_align is not perfect on the reversal either
 
 
 def test_a_gold_file_that_does_not_fit_is_one_line(trained_synthetic_models, tmp_path, capsys):
@@ -208,11 +289,23 @@ def test_a_gold_file_that_does_not_fit_is_one_line(trained_synthetic_models, tmp
 
 
 # ----- translate.py: the method of --alignments -----
+def nbest_links(stdout: str):
+    """``translate.py --nbest --alignments`` lines -> [(hypothesis, [(i, j), ...])]."""
+    found = []
+    for line in stdout.splitlines():  # "index ||| text ||| score<tab>links"
+        head, links = line.split("\t")
+        found.append((head.split(" ||| ")[1], [tuple(map(int, x.split("-"))) for x in links.split()]))
+    return found
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_translate_aligns_by_the_chosen_reading_in_beam_search_and_nbest(family, trained_synthetic_models):
+def test_translate_aligns_by_the_chosen_method_in_beam_search_and_nbest(family, trained_synthetic_models):
     checkpoint = trained_synthetic_models[family][1]
     sources = ["a b c d e", "f g h i"]
     plain = translate("--checkpoint", checkpoint, "--beam", 3, *sources)
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    layers = "1" if family == "rnn" else "2"
+    by_reading = {}
     for reading in ("predict", "read"):
         done = translate(
             "--checkpoint",
@@ -225,17 +318,20 @@ def test_translate_aligns_by_the_chosen_reading_in_beam_search_and_nbest(family,
             "--align-reading",
             reading,
             "--align-layer",
-            "all",
+            layers,
             *sources,
         )
         assert done.returncode == 0, done.stderr
-        lines = done.stdout.splitlines()  # "index ||| text ||| score<tab>links"
-        assert len(lines) == 4
-        rows = [line.split("\t")[0].split(" ||| ") + [line.split("\t")[1]] for line in lines]
-        assert [row[1] for row in rows[::2]] == plain.stdout.splitlines()  # alignments change no translation
-        for _, hyp, _, links in rows:
-            js = sorted(int(item.split("-")[1]) for item in links.split())
-            assert js == list(range(len(hyp.split())))
+        found = nbest_links(done.stdout)
+        assert [hyp for hyp, _ in found[::2]] == plain.stdout.splitlines()  # alignments change no translation
+        for hyp, links in found:
+            assert sorted(j for _, j in links) == list(range(len(hyp.split())))  # each output word once
+        # the command line's links are the Python API's with the same method
+        method = Method(int(layers), None, reading)
+        api = translator.translate(sources, beam=3, nbest=2, alignments=True, align_method=method)
+        assert [links for _, links in found] == [h.alignment for r in api for h in r.nbest]
+        by_reading[reading] = found
+    assert by_reading["predict"] != by_reading["read"]
 
 
 def test_the_predicting_step_of_an_rnn_aligns_the_reversal(trained_synthetic_models):
@@ -247,12 +343,39 @@ def test_the_predicting_step_of_an_rnn_aligns_the_reversal(trained_synthetic_mod
     assert result.alignment == [(5 - j, j) for j in range(6)]
 
 
-def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models):
-    done = translate(
-        "--checkpoint", trained_synthetic_models["rnn"][1], "--alignments", "--align-layer", 3, "a b"
-    )
+@pytest.mark.parametrize("family", FAMILIES)
+def test_outputs_cut_at_the_length_limit_are_aligned_word_by_word(family, trained_synthetic_models):
+    checkpoint = trained_synthetic_models[family][1]
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    for reading in ("predict", "read"):
+        results = translator.translate(
+            ["a b c d e f g h"],
+            beam=2,
+            nbest=2,
+            alignments=True,
+            align_method=Method(reading=reading),
+            max_len_ratio=0.2,
+            max_len_extra=1,
+        )
+        for hyp in results[0].nbest:
+            assert not hyp.finished
+            assert sorted(j for _, j in hyp.alignment) == list(range(len(hyp.text.split())))
+
+
+def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models, tmp_path):
+    rnn = trained_synthetic_models["rnn"][1]
+    done = translate("--checkpoint", rnn, "--alignments", "--align-layer", 3, "a b")
     assert_one_error_line(done, "alignment layer 3: the model has 1 decoder layer(s)")
-    done = translate(
-        "--checkpoint", trained_synthetic_models["rnn"][1], "--alignments", "--align-heads", "x", "a b"
-    )
+    done = translate("--checkpoint", rnn, "--alignments", "--align-heads", "x", "a b")
     assert_one_error_line(done, "--align-heads x: give 'all' or numbers from 1")
+    done = translate("--checkpoint", rnn, "--align-reading", "read", "a b")
+    assert_one_error_line(done, "choose the maps of --alignments or --plot")
+    done = translate(
+        "--engine", "ctranslate2", "--checkpoint", tmp_path, "--alignments", "--align-layer", 1, "a b"
+    )
+    assert_one_error_line(done, "use --engine torch")
+    ensemble = ["--checkpoint", rnn, "--checkpoint", trained_synthetic_models["transformer"][1]]
+    done = translate(*ensemble, "--alignments", "--align-layer", 2, "a b")
+    assert_one_error_line(
+        done, "ensemble member 1 (rnn): alignment layer 2: the model has 1 decoder layer(s)"
+    )

@@ -311,19 +311,6 @@ def test_a_model_that_ends_at_once_gives_empty_hypotheses(family):
         assert h.score == pytest.approx(0.0, abs=1e-3)
 
 
-def test_no_alignments_unless_asked():
-    model = tiny("rnn")
-    src, src_mask = sources()
-    assert all(
-        h.alignment is None
-        for h in greedy_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(max_len=5))
-    )
-    assert all(
-        h[0].alignment is None
-        for h in beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=2, max_len=5))
-    )
-
-
 def test_nbest_larger_than_the_beam_is_refused():
     model = tiny("rnn")
     src, src_mask = sources()

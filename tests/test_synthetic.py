@@ -99,9 +99,7 @@ def test_every_attention_function_shows_its_heads_in_the_attention_tab(trained_a
     expected_heads = {"rnn additive": 1, "rnn general": 1, "rnn scaled_dot": 1, "rnn multihead": 4}
     for name, (trainer, _, _) in trained_attention_variants.items():
         found = decode_ids(trainer.model, trainer.data.datasets[VALID], 4000, trainer.device)[:1]
-        attention, src_ids, out_ids = output_attention(
-            trainer.model, trainer.data.datasets[VALID], found, trainer.device
-        )
+        attention, src_ids, out_ids = output_attention(trainer.model, trainer.data.datasets[VALID], found)
         tok = trainer.data.tokenizer
         texts = Texts("source", "reference", "hypothesis")
         header, blob = encode(

@@ -126,13 +126,17 @@ class Board:
         out_tokens: List[List[str]],
         texts: Sequence[Texts],
         step: int,
+        tag: str = "sent",
+        extras: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> None:
         """Every map of ``attention`` (model family ``model``) for the viewer, one summary for each
-        sentence whose tokens (EOS included) and texts are given."""
+        sentence whose tokens (EOS included) and texts are given, under ``nmt_attention/<tag><i>``;
+        ``extras``: each sentence's optional header fields (``viewer.summaries.encode``: gold links,
+        the model's links, the heads' numbers)."""
         for b, (src, out, text) in enumerate(zip(src_tokens, out_tokens, texts)):
-            header, weights = encode(attention, b, src, out, text, model)
+            header, weights = encode(attention, b, src, out, text, model, **(extras[b] if extras else {}))
             # unpadded, so that runs with other trainer.attention_samples line up (the plugin sorts by number)
-            summary = summary_of(f"{PLUGIN_NAME}/sent{b}", header, weights)
+            summary = summary_of(f"{PLUGIN_NAME}/{tag}{b}", header, weights)
             # SummaryWriter has no call for a summary built elsewhere; its add_* end in this one
             self.writer._get_file_writer().add_summary(summary, step)
 

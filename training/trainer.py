@@ -274,9 +274,7 @@ class Trainer:
         self.board.scalars(
             {f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": self.seconds()}, p.step
         )
-        draw_samples(
-            self.board, self.model, self.data, found, hyps, self.tc.attention_samples, p.step, self.device
-        )
+        draw_samples(self.board, self.model, self.data, found, hyps, self.tc.attention_samples, p.step)
         improved = record(p, scores, self.epochs_done())
         p.train_seconds = self.seconds()
         self.board.flush()

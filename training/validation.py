@@ -99,7 +99,6 @@ def draw_samples(
     hyps: List[str],
     n: int,
     step: int,
-    device: torch.device,
 ) -> None:
     """Attention images, the attention viewer's maps and sample text of the first ``n`` validation
     sentences.
@@ -111,7 +110,7 @@ def draw_samples(
     if n == 0:
         return
     tok = data.tokenizer
-    attention, src_ids, out_ids = output_attention(model, data.datasets[VALID], found[:n], device)
+    attention, src_ids, out_ids = output_attention(model, data.datasets[VALID], found[:n])
     src_tokens = [tok.src_pieces(ids) for ids in src_ids]
     tgt_tokens = [tok.tgt_pieces(ids) for ids in out_ids]
     sources, references = data.sources[VALID][:n], data.references[VALID][:n]
