@@ -79,7 +79,7 @@ def loss_and_entropy(
     return nll / max(tokens, 1), entropy
 
 
-def head_stats(model: nn.Module, dataset: ParallelDataset, batch_tokens: int = 8000) -> List[HeadStats]:
+def head_stats(model: nn.Module, dataset: ParallelDataset, batch_tokens: int = 4000) -> List[HeadStats]:
     """Entropy and importance of every head of ``model`` over ``dataset``: one pass with the
     weights, then one pass per head with that head masked."""
     model.eval()

@@ -178,7 +178,9 @@ def head_stats_by_map(stats) -> List[List[dict]]:
     return head_stats_of(entropy, importance)
 
 
-def write_samples(log_dir: Path, model, sample: Sample, tokenizer, gold, links, stats) -> None:
+def write_samples(
+    log_dir: Path, model, sample: Sample, tokenizer, gold, links, stats, gold_label=None
+) -> None:
     """The pairs of ``sample`` as Attention-tab sentences (tags ``nmt_attention/gold<i>``, step 0)
     with the reference's links (``gold``), the chosen method's (``links``: the links per pair and
     the method's name) and, when measured, every head's numbers."""
@@ -195,6 +197,7 @@ def write_samples(log_dir: Path, model, sample: Sample, tokenizer, gold, links, 
             "links": sorted(links[0][b]),
             "links_method": links[1],
             "head_stats": per_map,
+            "gold_label": gold_label,
         }
         for b in range(len(sample.src_ids))
     ]
@@ -345,7 +348,8 @@ def run(args: argparse.Namespace) -> str:
         n = min(args.samples, len(src_ids))
         sample = Sample(src_ids[:n], tgt_ids[:n], src_lines[:n], tgt_lines[:n])
         links = (predicted[chosen][:n], chosen.label)
-        write_samples(Path(args.tensorboard), model, sample, tokenizer, gold[:n], links, stats)
+        label = None if args.gold else "fast_align's links (not a person's)"
+        write_samples(Path(args.tensorboard), model, sample, tokenizer, gold[:n], links, stats, label)
     return text
 
 

@@ -7,9 +7,8 @@ the weight training wrote for that cell, another map after picking another layer
 runs side by side (and a note where the RNN has no such attention), a PNG export, and a browser
 console without errors. A third run, ``with_gold``, holds one hand-made sentence with a gold
 alignment, the model's own links and head statistics (as ``scripts/align.py --tensorboard`` writes
-them); a second test checks their boxes, dots, toggles and the numbers under each head. With
-``VIEWER_SCREENSHOTS=<folder>`` it saves the README's screenshots there (``attention_viewer.png``,
-``attention_viewer_side_by_side.png``).
+them); a second test checks their boxes, dots, toggles and the numbers under each head. (The
+docs' screenshots of the tab come from trained runs: ``scripts/viewer_screenshots.py``.)
 
 Needs Debian's ``chromium`` and ``chromium-driver`` and the ``selenium`` package; skipped, saying
 which is missing, without them.
@@ -31,7 +30,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from helpers import LEARNING_PAIRS, TINY_RNN, TINY_TRANSFORMER, learning_overrides, tiny_run, write_slice
+from helpers import TINY_RNN, TINY_TRANSFORMER, tiny_run
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +40,6 @@ INSTALL = "apt-get install -y chromium chromium-driver"
 WINDOW = (1600, 1200)
 WAIT = 20  # seconds for the page to show what a step asked for
 TAG = "nmt_attention/sent0"
-SCREENSHOTS = os.environ.get("VIEWER_SCREENSHOTS")
 
 # The quick runs: a few steps of the tiny RNN and of the tiny Transformer (two layers of four
 # heads: enough to switch layer and head). The RNN is evaluated at steps 2 and 4, the
@@ -52,10 +50,6 @@ QUICK = {
     "transformer": [*TINY_TRANSFORMER, "trainer.max_steps=4", "trainer.eval_every=4"],
 }
 SAMPLES = ["trainer.attention_samples=2", "trainer.batch_tokens=1000"]
-# The screenshots' runs learn (helpers.LEARNING_FAMILIES, about a minute each): their validation
-# sentences are training pairs they memorise, so the maps show trained attention; three
-# evaluations give the step slider something to show.
-LEARNED = ["trainer.attention_samples=2", "trainer.eval_every=100", "trainer.num_threads=1"]
 
 # The gold run's sentence: pieces, their words (EOS a word of its own), a gold alignment whose
 # possible links repeat one sure link, the model's links and the cross layers' head importance.
@@ -81,22 +75,18 @@ def browser_or_skip() -> None:
 
 
 @pytest.fixture(scope="module")
-def logdir(multi30k_dir, multi30k_slice, compose_config, tmp_path_factory) -> Path:
+def logdir(multi30k_slice, compose_config, tmp_path_factory) -> Path:
     """A folder of two finished runs' events, ``rnn`` and ``transformer`` (the runs tensorboard lists)."""
     browser_or_skip()  # before the training, which a skipped test does not need
     from training.run import train
 
     root = tmp_path_factory.mktemp("viewer_runs")
     for family in QUICK:
-        if SCREENSHOTS:
-            data = memorised_slice(multi30k_dir, root / "memorised")
-            overrides = keep_last(learning_overrides(data, root / "cache", family, "device=cpu", *LEARNED))
-        else:
-            tiny = tiny_run(root / family, multi30k_slice, root / "cache", *SAMPLES)
-            overrides = [o for o in tiny if not o.startswith("hydra.")]
-            if family != "rnn":
-                overrides = [o for o in overrides if o not in TINY_RNN]
-            overrides += QUICK[family]
+        tiny = tiny_run(root / family, multi30k_slice, root / "cache", *SAMPLES)
+        overrides = [o for o in tiny if not o.startswith("hydra.")]
+        if family != "rnn":
+            overrides = [o for o in overrides if o not in TINY_RNN]
+        overrides += QUICK[family]
         train(compose_config(overrides), root / family)
         shutil.copytree(root / family / "tb", root / "logs" / family)
     write_gold_run(root / "logs" / "with_gold")
@@ -141,24 +131,6 @@ def write_gold_run(folder: Path) -> None:
     board = Board(folder)
     board.writer._get_file_writer().add_summary(summary_of(TAG, header, weights), 1)  # as Board does
     board.close()
-
-
-def keep_last(overrides: List[str]) -> List[str]:
-    """``overrides`` with only the last value of each key (Hydra refuses a key given twice)."""
-    last = {o.split("=", 1)[0]: o for o in overrides}
-    return list(last.values())
-
-
-def memorised_slice(multi30k_dir: Path, folder: Path) -> Path:
-    """A Multi30k slice whose validation sentences are its first training pairs (made once)."""
-    if not folder.is_dir():
-        write_slice(multi30k_dir, folder, {"train": LEARNING_PAIRS, "test_2016_flickr": 2})
-        for train_file in folder.glob("train.*"):
-            lines = train_file.read_text(encoding="utf-8").splitlines(keepends=True)
-            (folder / train_file.name.replace("train.", "val.")).write_text(
-                "".join(lines[:4]), encoding="utf-8"
-            )
-    return folder
 
 
 def free_port() -> int:
@@ -338,19 +310,6 @@ def png_size(path: Path) -> Tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def save_screenshot(driver, name: str, element=None) -> None:
-    """Save a screenshot into ``$VIEWER_SCREENSHOTS`` (when set): the whole window, or one element."""
-    if not SCREENSHOTS:
-        return
-    Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
-    if element is not None:
-        element.screenshot(str(Path(SCREENSHOTS) / name))
-        return
-    driver.switch_to.default_content()
-    driver.save_screenshot(str(Path(SCREENSHOTS) / name))
-    driver.switch_to.frame(driver.find_element("css selector", "iframe[src*='nmt_attention']"))
-
-
 # ----- the test ---------------------------------------------------------------------------------
 
 
@@ -389,7 +348,6 @@ def test_the_attention_tab_shows_the_written_maps_of_two_runs(driver, logdir):
         expected = written_weight(transformer, "cross", layer, head, row, col)
         assert abs(shown_weight(text) - expected) <= 1 / 255, (layer, head, text, expected)
         assert f"{header['out_tokens'][row]} → {header['src_tokens'][col]}" in text
-    save_screenshot(driver, "attention_viewer.png")
 
     # the RNN beside it: where it has no such map its panel says so, else both show their map
     pick(driver, "compare-select", "rnn")
@@ -413,7 +371,6 @@ def test_the_attention_tab_shows_the_written_maps_of_two_runs(driver, logdir):
     assert texts(both["transformer"].find_elements("css selector", ".col-label")) == words(
         transformer[0], "src"
     )
-    save_screenshot(driver, "attention_viewer_side_by_side.png", driver.find_element("id", "panels"))
     pick(driver, "units-select", "subwords")
     both = panels(driver)
 

@@ -14,7 +14,8 @@ Optional header fields, absent from a sentence that has none (a reader must not 
 - ``"gold": {"sure": [[i, j], ...], "possible": [[i, j], ...]}``: a gold word alignment of the
   pair, ``i`` a source word and ``j`` an output word, both 0-based indices into ``src_words`` and
   ``out_words`` (the final EOS is a word no link uses). ``possible`` may or may not repeat the sure
-  links; a link in ``sure`` is sure.
+  links; a link in ``sure`` is sure. ``"gold_label"``: what those links are when they are not a
+  person's (e.g. an aligner's), the tab's name for them.
 - ``"links": [[i, j], ...]`` and ``"links_method": "..."``: the model's own hard word alignment of
   the same pair (same convention) and how it was read from the attention, a label.
 - ``"head_stats"``: one list per entry of ``"maps"``, in its order, with one

@@ -80,14 +80,16 @@ def encode(
     links: Optional[Iterable[Link]] = None,
     links_method: Optional[str] = None,
     head_stats: Optional[Sequence[Sequence[HeadStat]]] = None,
+    gold_label: Optional[str] = None,
 ) -> Tuple[Header, bytes]:
     """The header and the weights blob of sentence ``b`` of ``attention``; ``src_tokens`` and
     ``out_tokens`` are its pieces (EOS included), ``model`` the family ("rnn" or "transformer").
 
     Optional, stored only when given (``viewer/format.py``): ``gold`` ``{"sure": links,
-    "possible": links}`` and the model's own ``links`` (with a ``links_method`` label), each link
-    ``(source word, output word)``; ``head_stats`` one list per map (in the header's order: see
-    ``head_stats_of``) of ``{"entropy", "importance"}`` per head. ValueError if one does not fit.
+    "possible": links}`` (``gold_label``: what they are, when not a person's links), the model's
+    own ``links`` (with a ``links_method`` label), each link ``(source word, output word)``;
+    ``head_stats`` one list per map (in the header's order: see ``head_stats_of``) of
+    ``{"entropy", "importance"}`` per head. ValueError if one does not fit.
     """
     maps, blobs, offset = [], [], 0
     for kind, layer, weights in sentence_maps(attention, b, len(src_tokens), len(out_tokens)):
@@ -113,6 +115,8 @@ def encode(
     }
     if gold is not None:
         header["gold"] = {name: link_list(gold.get(name, ())) for name in ("sure", "possible")}
+    if gold_label is not None:
+        header["gold_label"] = str(gold_label)
     if links is not None:
         header["links"] = link_list(links)
     if links_method is not None:

@@ -924,7 +924,7 @@ function overlayBar(sample, marks) {
   const items = [];
   if (sample.gold) {
     items.push(
-      toggle("gold-toggle", "gold", "gold alignment"),
+      toggle("gold-toggle", "gold", sample.gold_label || "gold alignment"),
       legendItem("sure", `sure (${count("sure")})`),
       legendItem("possible", `possible (${count("possible")})`),
     );
