@@ -261,7 +261,9 @@ def test_without_gold_fast_align_is_the_reference(trained_synthetic_models, synt
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "agreement with an aligner, not accuracy" in report
     chosen = float(re.search(r"lowest AER\): \*\*.+?\*\*, AER ([\d.]+) on the rest", report).group(1))
-    assert chosen < 50.0 < reported_aer(report, "diagonal")  # fast_align is not perfect on the reversal either
+    assert (
+        chosen < 50.0 < reported_aer(report, "diagonal")
+    )  # fast_align is not perfect on the reversal either
 
 
 def test_a_gold_file_that_does_not_fit_is_one_line(trained_synthetic_models, tmp_path, capsys):
