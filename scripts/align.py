@@ -34,15 +34,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from common.checkpoint import CheckpointError  # noqa: E402
-from common.files import AtomicFile, write_lines  # noqa: E402
-from data.corpus import read_lines  # noqa: E402
-from data.errors import DataError  # noqa: E402
-from inference.aer import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold  # noqa: E402
-from inference.align_method import Method, every_method  # noqa: E402
+from common.checkpoint import CheckpointError
+from common.files import AtomicFile, write_lines
+from data.corpus import read_lines
+from data.errors import DataError
+from inference.aer import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold
+from inference.align_method import Method, every_method
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
