@@ -30,6 +30,11 @@ class Method:
             raise ValueError(f"alignment reading {self.reading!r}: choose predict or read")
         if self.layer is not None and self.layer < 1:
             raise ValueError(f"alignment layer {self.layer}: layers count from 1")
+        if self.heads is not None and self.layer is None:
+            raise ValueError(
+                "alignment heads without a layer: head h of one layer has nothing to do with head h of "
+                "another; give the layer too (--align-layer N)"
+            )
         if self.heads is not None and (not self.heads or min(self.heads) < 1):
             raise ValueError(f"alignment heads {','.join(map(str, self.heads))}: heads count from 1")
 

@@ -104,20 +104,15 @@ def alignment_grid_figure(grid: Mapping[Method, Any], title: str):
     fig, axes = plt.subplots(
         1, len(READINGS), figsize=(3 + 1.6 * len(heads) * len(READINGS), 2 + 0.7 * len(layers))
     )
+    aer = {(m.layer, m.heads, m.reading): 100 * scored.dev.aer for m, scored in grid.items()}
     for ax, reading in zip(axes, READINGS):
-        values = [
-            [
-                100 * grid[Method(layer, head, reading)].dev.aer
-                if Method(layer, head, reading) in grid
-                else float("nan")
-                for head in heads
-            ]
-            for layer in layers
-        ]
+        # no method averages one head number over the layers: those cells stay empty
+        values = [[aer.get((layer, head, reading), float("nan")) for head in heads] for layer in layers]
         image = ax.imshow(values, cmap="viridis_r", aspect="auto")
         for r, row in enumerate(values):
             for c, value in enumerate(row):
-                ax.text(c, r, f"{value:.1f}", ha="center", va="center", color="white", fontsize=9)
+                if value == value:  # not an empty cell
+                    ax.text(c, r, f"{value:.1f}", ha="center", va="center", color="white", fontsize=9)
         ax.set_xticks(range(len(heads)))
         ax.set_xticklabels(["mean" if h is None else ",".join(map(str, h)) for h in heads])
         ax.set_yticks(range(len(layers)))

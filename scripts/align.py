@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from common.checkpoint import CheckpointError
 from common.files import AtomicFile, write_lines
@@ -40,6 +40,12 @@ from data.corpus import read_lines
 from data.errors import DataError
 from inference.aer import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold
 from inference.align_method import Method, every_method
+
+if TYPE_CHECKING:  # torch loads only once the command line is checked
+    from torch import Tensor, nn
+
+    from data.tokenizer import Tokenizer
+    from inference.heads import HeadStats
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -117,7 +123,9 @@ def fast_align_links(
         return align_pairs(model, *pairs)
 
 
-def piece_ids(tokenizer, src_words, tgt_words) -> Tuple[List[List[int]], List[List[int]]]:
+def piece_ids(
+    tokenizer: "Tokenizer", src_words: List[List[str]], tgt_words: List[List[str]]
+) -> Tuple[List[List[int]], List[List[int]]]:
     """The subword ids of the space-joined words, and a one-line error when the pieces do not make
     the words back (so word ``i`` of the text is word ``i`` of the pieces)."""
     from inference.alignment import word_ids
@@ -138,7 +146,9 @@ def piece_ids(tokenizer, src_words, tgt_words) -> Tuple[List[List[int]], List[Li
     return src_ids, tgt_ids
 
 
-def model_links(maps, methods, src_pieces, tgt_pieces) -> Dict[Method, List[Links]]:
+def model_links(
+    maps: List["Tensor"], methods: Sequence[Method], src_pieces: List[List[str]], tgt_pieces: List[List[str]]
+) -> Dict[Method, List[Links]]:
     """Every method's links of every pair."""
     from inference.forced_alignment import method_map, word_links
 
@@ -160,7 +170,7 @@ class Sample(NamedTuple):
     tgt_text: List[str]
 
 
-def head_stats_by_map(stats) -> List[List[dict]]:
+def head_stats_by_map(stats: Sequence["HeadStats"]) -> List[List[dict]]:
     """``inference.heads.head_stats``' list as ``viewer.summaries.encode``'s ``head_stats``."""
     from viewer.summaries import head_stats_of
 
@@ -176,7 +186,14 @@ def head_stats_by_map(stats) -> List[List[dict]]:
 
 
 def write_samples(
-    log_dir: Path, model, sample: Sample, tokenizer, gold, links, stats, gold_label=None
+    log_dir: Path,
+    model: "nn.Module",
+    sample: Sample,
+    tokenizer: "Tokenizer",
+    gold: Sequence[Gold],
+    links: Tuple[Sequence[Links], str],
+    stats: Optional[Sequence["HeadStats"]],
+    gold_label: Optional[str] = None,
 ) -> None:
     """The pairs of ``sample`` as Attention-tab sentences (tags ``nmt_attention/gold<i>``, step 0)
     with the reference's links (``gold``), the chosen method's (``links``: the links per pair and
@@ -266,7 +283,9 @@ def references_and_gold(
     return references, gold
 
 
-def heads_section(args: argparse.Namespace, model, tokenizer) -> Tuple[Optional[list], str]:
+def heads_section(
+    args: argparse.Namespace, model: "nn.Module", tokenizer: "Tokenizer"
+) -> Tuple[Optional[List["HeadStats"]], str]:
     """Every head's entropy and importance over ``--heads-src/--heads-tgt``, and what they are."""
     from data.batching import ParallelDataset
     from inference.heads import head_stats

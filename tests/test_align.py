@@ -12,9 +12,10 @@ import pytest
 import torch
 from synthetic import reversal_pairs
 
+from data.specials import EOS_ID
 from inference.aer import alignment_scores, read_gold, read_pharaoh, split_dev
-from inference.align_method import Method, every_method, parse_method
-from inference.forced_alignment import cross_maps, method_map
+from inference.align_method import DEFAULT_METHODS, Method, every_method, parse_method
+from inference.forced_alignment import batched_cross_maps, cross_maps, method_map
 from inference.heads import head_stats
 from inference.translator import Translator, load_model
 from models.attention import (
@@ -47,7 +48,7 @@ def test_every_method_covers_layers_heads_and_readings():
     assert len(methods) == 2 * (3 * (4 + 1) + 1) and len(set(methods)) == len(methods)
     assert every_method(1, 1) == [Method(1, None, "predict"), Method(1, None, "read")]  # the RNN's one map
     assert Method(2, (3,), "read").label == "layer 2, head 3, read"
-    assert parse_method("all", "1,3", "read") == Method(None, (1, 3), "read")
+    assert parse_method("2", "1,3", "read") == Method(2, (1, 3), "read")
 
 
 @pytest.mark.parametrize(
@@ -55,8 +56,9 @@ def test_every_method_covers_layers_heads_and_readings():
     [
         ("two", "all", "predict", "give 'all' or numbers from 1"),
         ("0", "all", "predict", "layers count from 1"),
-        ("all", "0", "predict", "heads count from 1"),
+        ("1", "0", "predict", "heads count from 1"),
         ("all", "all", "later", "choose predict or read"),
+        ("all", "2", "predict", "give the layer too"),
     ],
 )
 def test_a_bad_method_is_one_line(layer, heads, reading, message):
@@ -110,6 +112,30 @@ def test_the_masks_are_taken_off_when_a_measurement_fails(trained_synthetic_mode
     with pytest.raises(RuntimeError, match="out of memory"):
         head_stats(model, dataset)
     assert all(m.head_mask is None for kind in model.attention_modules().values() for m in kind)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_maps_of_a_batch_are_each_sentence_alone(family, trained_synthetic_models):
+    """Sorted into batches of mixed lengths and back: each pair's maps are the ones it gets alone,
+    and every row is a distribution over the real source (EOS included)."""
+    model, tokenizer, _ = load_model(trained_synthetic_models[family][1])
+    src = [ids + [EOS_ID] for ids in tokenizer.encode_src(["a b c d e f g", "b", "c d e", "f g h i j"])]
+    tgt = tokenizer.encode_tgt(["g f e d c b a", "b", "e d c", "j i h g f"])
+    together = batched_cross_maps(model, src, tgt, batch_size=2)
+    for k, maps in enumerate(together):
+        alone = cross_maps(model, [src[k]], [tgt[k]])[0]
+        assert maps.shape == alone.shape == maps.shape[:2] + (len(tgt[k]) + 1, len(src[k]))
+        torch.testing.assert_close(maps, alone, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5, rtol=0)
+
+
+def test_no_flags_is_each_familys_default_method(trained_synthetic_models):
+    checkpoint = trained_synthetic_models["transformer"][1]
+    default = translate("--checkpoint", checkpoint, "--alignments", "a b c d", "e f g")
+    explicit = translate("--checkpoint", checkpoint, "--alignments", "--align-layer", "all",
+                         "--align-heads", "all", "--align-reading", "predict", "a b c d", "e f g")  # fmt: skip
+    assert default.returncode == 0 and default.stdout == explicit.stdout
+    assert DEFAULT_METHODS["transformer"] == Method(None, None, "predict")
 
 
 def test_a_target_as_long_as_learned_positions_reach_is_aligned(seed):

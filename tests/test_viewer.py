@@ -183,6 +183,13 @@ def test_steps_must_be_plain_numbers_and_sentences_sort_by_number():
             at_step([], step)
     tags = [f"{PLUGIN_NAME}/sent{i}" for i in (10, 2, 0, 1)]
     assert sorted(tags, key=sentence_number) == [f"{PLUGIN_NAME}/sent{i}" for i in (0, 1, 2, 10)]
+    mixed = [f"{PLUGIN_NAME}/sent1", f"{PLUGIN_NAME}/gold10", f"{PLUGIN_NAME}/sent0", f"{PLUGIN_NAME}/gold2"]
+    assert sorted(mixed, key=sentence_number) == [
+        mixed[3],
+        mixed[1],
+        mixed[2],
+        mixed[0],
+    ]  # gold2, gold10, sent0, sent1
 
 
 def test_the_plugin_side_imports_no_torch():

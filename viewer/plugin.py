@@ -85,10 +85,13 @@ def at_step(series: List[provider.BlobSequenceDatum], step: Optional[str]) -> pr
     return found[-1]
 
 
-def sentence_number(tag: str) -> Tuple[int, str]:
-    """The sort key of a tag ``nmt_attention/sent<i>``: ``i``, so that sent10 comes after sent9."""
-    digits = tag[len(tag.rstrip("0123456789")) :]
-    return (int(digits) if digits else -1, tag)
+def sentence_number(tag: str) -> Tuple[str, int, str]:
+    """The sort key of a tag ``nmt_attention/<name><i>`` (``sent<i>``: training's validation
+    sentences; ``gold<i>``: ``scripts/align.py``'s gold pairs): the name, then ``i``, so that sent10
+    comes after sent9 and each kind of sentence stays together."""
+    name = tag.rstrip("0123456789")
+    digits = tag[len(name) :]
+    return (name, int(digits) if digits else -1, tag)
 
 
 class AttentionPlugin(base_plugin.TBPlugin):
