@@ -177,6 +177,12 @@ def align_script(*args):
     return load_script("align").main([str(a) for a in args])
 
 
+def align_with_gold(checkpoint, src, tgt, gold, dev, out, *extra) -> int:
+    """``scripts/align.py`` scored against the ``gold`` file, the first ``dev`` pairs choosing."""
+    return align_script("--checkpoint", checkpoint, "--src", src, "--tgt", tgt, "--gold", gold,
+                        "--dev", dev, "--out", out, *extra)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def aligned(trained_synthetic_models, tmp_path_factory):
     """``scripts/align.py`` run on each family's reversal model with the true links as gold."""
@@ -187,24 +193,7 @@ def aligned(trained_synthetic_models, tmp_path_factory):
         _, checkpoint, _ = trained_synthetic_models[family]
         out = folder / family
         extra = ["--heads-src", src, "--heads-tgt", tgt, "--tensorboard", out / "tb", "--samples", 3]
-        assert (
-            align_script(
-                "--checkpoint",
-                checkpoint,
-                "--src",
-                src,
-                "--tgt",
-                tgt,
-                "--gold",
-                gold,
-                "--dev",
-                20,
-                "--out",
-                out,
-                *extra,
-            )
-            == 0
-        )
+        assert align_with_gold(checkpoint, src, tgt, gold, 20, out, *extra) == 0
         runs[family] = out
     return src, tgt, gold, runs
 
@@ -297,20 +286,7 @@ def test_a_gold_file_that_does_not_fit_is_one_line(trained_synthetic_models, tmp
     lines = gold.read_text().splitlines()
     lines[4] = lines[4] + " 40-1"
     gold.write_text("\n".join(lines) + "\n")
-    code = align_script(
-        "--checkpoint",
-        trained_synthetic_models["rnn"][1],
-        "--src",
-        src,
-        "--tgt",
-        tgt,
-        "--gold",
-        gold,
-        "--dev",
-        10,
-        "--out",
-        tmp_path / "out",
-    )
+    code = align_with_gold(trained_synthetic_models["rnn"][1], src, tgt, gold, 10, tmp_path / "out")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "gold.talp line 5: link 40-1" in err[0], err
     assert not (tmp_path / "out").exists()

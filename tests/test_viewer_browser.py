@@ -19,18 +19,16 @@ import math
 import os
 import re
 import shutil
-import socket
 import struct
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Dict, List, Tuple
 
 import pytest
 
-from helpers import TINY_RNN, TINY_TRANSFORMER, tiny_run
+from helpers import TINY_RNN, TINY_TRANSFORMER, load_script, tiny_run
 
 pytestmark = pytest.mark.slow
 
@@ -100,8 +98,7 @@ def write_gold_run(folder: Path) -> None:
     import torch
 
     from training.board import Board
-    from viewer.format import summary_of
-    from viewer.summaries import Texts, encode, head_stats_of, mean_row_entropy, words_of
+    from viewer.summaries import Texts, head_stats_of, mean_row_entropy, words_of
 
     generator = torch.Generator().manual_seed(0)
     src_words, out_words = words_of(GOLD_SRC), words_of(GOLD_OUT)
@@ -116,32 +113,19 @@ def write_gold_run(folder: Path) -> None:
     attention = {"cross": layers(t, s, sure), "encoder_self": layers(s, s), "decoder_self": layers(t, t)}
     entropy = {kind: [mean_row_entropy(x[0]).tolist() for x in maps] for kind, maps in attention.items()}
     texts = Texts("Ein kleiner Hund springt .", "A small dog jumps .", "A small dog jumps .")
-    header, weights = encode(
-        attention,
-        0,
-        GOLD_SRC,
-        GOLD_OUT,
-        texts,
-        "transformer",
-        gold=GOLD,
-        links=LINKS,
-        links_method="layer 2, mean of heads",
-        head_stats=head_stats_of(entropy, {"cross": IMPORTANCE}),
-    )
-    board = Board(folder)
-    board.writer._get_file_writer().add_summary(summary_of(TAG, header, weights), 1)  # as Board does
+    extras = {
+        "gold": GOLD,
+        "links": LINKS,
+        "links_method": "layer 2, mean of heads",
+        "head_stats": head_stats_of(entropy, {"cross": IMPORTANCE}),
+    }
+    board = Board(folder)  # TAG, at step 1
+    board.attention_summaries("transformer", attention, [GOLD_SRC], [GOLD_OUT], [texts], 1, extras=[extras])
     board.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())
+SERVER = load_script("viewer_screenshots")  # free_port, get_json: the screenshots' own server helpers
+free_port, get_json = SERVER.free_port, SERVER.get_json
 
 
 @pytest.fixture(scope="module")
