@@ -51,13 +51,31 @@ def cuda_index(local_rank: int, local_world_size: int, n_gpus: int, narrowed: bo
     return local_rank
 
 
+def attention_kernels(device: torch.device) -> None:
+    """On CUDA, ``F.scaled_dot_product_attention`` may pick flash attention (no mask), memory-efficient
+    attention (a mask) or the math path, not cuDNN's attention: recent PyTorch tries cuDNN's first on
+    Hopper GPUs, and it builds and compiles a graph for every new shape (hundreds of milliseconds),
+    which batches of varying lengths and every decoding step (one key more) are. A process-wide
+    setting, as TF32 is."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def pick_device(name: str, local_rank: int = 0, local_world_size: int = 1) -> torch.device:
-    """``auto`` (CUDA when there is one, else the CPU) or a torch device name such as ``cpu``, ``cuda:1``.
+    """``auto`` (CUDA when there is one, else the CPU) or a torch device name such as ``cpu``, ``cuda:1``;
+    its attention kernels set (``attention_kernels``).
 
     Under torchrun, ``auto`` and ``cuda`` mean this process's GPU, ``cuda:<LOCAL_RANK>``. With more
     ranks on the machine than GPUs, ``auto`` trains every rank on the CPU (with a warning: all ranks
     must use one backend) and ``cuda`` is an error.
     """
+    device = _device(name, local_rank, local_world_size)
+    attention_kernels(device)
+    return device
+
+
+def _device(name: str, local_rank: int, local_world_size: int) -> torch.device:
+    """``pick_device``'s choice."""
     if name in ("auto", "cuda") and torch.cuda.is_available():
         n_gpus = torch.cuda.device_count()
         index = cuda_index(local_rank, local_world_size, n_gpus, gpu_of_its_own())

@@ -17,6 +17,17 @@ from models.search import Hypothesis, search
 from models.search_options import SearchOptions
 
 
+# Tokens per decoding batch on a GPU at least: a search step there costs about the same for 64
+# sentences as for thousands (its time is the kernel launches and the host, not the arithmetic), so
+# a whole validation split goes in a batch or two.
+GPU_BATCH_TOKENS = 32768
+
+
+def batch_tokens_for(device: torch.device, batch_tokens: int) -> int:
+    """Tokens per decoding batch: ``batch_tokens`` on the CPU, at least ``GPU_BATCH_TOKENS`` on a GPU."""
+    return batch_tokens if device.type == "cpu" else max(batch_tokens, GPU_BATCH_TOKENS)
+
+
 def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Batch]:
     """Length-sorted batches of a whole split (``Batch.indices`` restore the input order)."""
     sampler = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), batch_tokens, shuffle=False)

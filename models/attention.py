@@ -456,12 +456,9 @@ def masked_softmax_(scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     visible = mask | ~has_key  # (..., T, S) every row now sees at least one key
     with torch.no_grad():
         scores.masked_fill_(~visible, float("-inf"))  # (..., T, S)
-    weights = torch.softmax(scores, dim=-1)  # (..., T, S)
-    # Only pay for a pass over the weights when some row is empty (a host sync on GPUs; this is
-    # the path for inspecting weights, the fused path below never syncs).
-    if not bool(has_key.all()):
-        weights = weights * has_key  # (..., T, S) empty rows -> 0
-    return weights
+    # empty rows -> 0 (a multiplication by 1 elsewhere: asking whether any row is empty would make
+    # the host wait for a GPU at every step of a search)
+    return torch.softmax(scores, dim=-1) * has_key  # (..., T, S)
 
 
 def check_causal(n_queries: int, n_keys: int) -> None:

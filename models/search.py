@@ -1,8 +1,13 @@
 """Greedy and beam search over the encoder-decoder contract (``models/seq2seq.py``).
 
-Both decode padded batches, return per sentence token ids without BOS and EOS, and drop a
-sentence from the batch as soon as its search is over, so the decoder never runs for finished
-sentences. Beam search keeps ``K`` live hypotheses per sentence in one ``(A * K)`` batch (``A``
+Both decode padded batches, return per sentence token ids without BOS and EOS, and keep their
+progress on the device: the tokens and scores of every hypothesis, the best ones found so far
+(``_Outputs``, ``_Found``) and whether each sentence's search goes on. The host reads that flag
+every ``sync_every`` steps (``_checked``: one synchronisation; on a GPU each read waits for the
+device's queue to drain, so a loop that read every step would be bound by the round trips) and
+then drops the sentences whose search is over from the batch; between two reads their rows run
+on, ignored. On the CPU the host reads every step (it costs nothing there): the decoder never runs
+for a finished sentence. The interval never changes the output. Beam search keeps ``K`` live hypotheses per sentence in one ``(A * K)`` batch (``A``
 sentences still searching). Each step it looks at the ``2K`` best one-token extensions: those that
 end in EOS and rank among the first ``K`` go to the sentence's list of finished hypotheses, scored
 with the GNMT length penalty ``((5 + |y|) / 6) ** alpha`` (Wu et al. 2016, section 7; ``|y|``
@@ -42,6 +47,9 @@ from models.search_options import SearchOptions
 # leaves them as they are when it reorders hypotheses within their sentences.
 SOURCE_KEYS = frozenset({"src_mask", "cross_k", "cross_v"})
 
+# Steps between two reads of a search's progress by the host on an accelerator (``sync_interval``).
+SYNC_EVERY = 8
+
 
 def map_state(state: Any, fn: Callable[[Tensor], Tensor], skip: FrozenSet[str] = frozenset()) -> Any:
     """Apply ``fn`` to every tensor of a nested state (dict / list / tuple), except under dict keys in
@@ -72,6 +80,13 @@ def output_limits(src_mask: Tensor, options: SearchOptions, cap: Optional[int] =
     return [options.output_limit(n, cap) for n in src_mask.sum(dim=1).tolist()]
 
 
+def sync_interval(device: torch.device) -> int:
+    """Steps between two reads of the search's progress by the host: every step on the CPU (a read
+    costs nothing there, and a finished sentence leaves the batch at once), every ``SYNC_EVERY`` on
+    an accelerator (each read waits for the device: between two, a finished sentence's row runs on)."""
+    return 1 if device.type == "cpu" else SYNC_EVERY
+
+
 def top_log_probs(logits: Tensor, k: int, never: Tuple[int, ...]) -> Tuple[Tensor, Tensor]:
     """The ``k`` most probable next tokens of each row (``R`` rows: ``A`` or ``A * K`` hypotheses):
     ``(R, V)`` logits -> log-probabilities ``(R, k)`` and token ids ``(R, k)``, best first. Tokens in
@@ -94,25 +109,33 @@ def _select(rows: Tensor) -> Callable[[Tensor], Tensor]:
 
 @dataclass
 class _Live:
-    """The hypotheses still searching, one row each, ``width`` per live sentence: ``R = A * width``
-    rows for the ``A`` sentences of ``sentences`` (greedy search: width 1)."""
+    """The hypotheses still in the batch, one row each, ``width`` per sentence: ``R = A * width`` rows
+    for the ``A`` sentences of ``sentences`` (greedy search: width 1). A sentence whose search is over
+    stays until the host next reads the progress (``searching`` False), then leaves."""
 
     state: Any  # the decoder state: (R, ...) in every tensor
     tokens: Tensor  # (R,) each hypothesis's last token (BOS before the first step)
     scores: Tensor  # (R,) the sum of its token log-probabilities
     history: Tensor  # (R, t) its tokens so far, without BOS
-    sentences: List[int]  # (A,) the sentence of the batch each live beam belongs to
+    sentences: Tensor  # (A,) the sentence of the batch each beam belongs to
+    searching: Tensor  # (A,) whether its search goes on
     width: int = 1  # hypotheses per sentence: 1 at beam search's first step, K after it
 
-    def keep(self, beams: List[int]) -> "_Live":
-        """Only the beams ``beams`` (indices into ``sentences``) and their rows, ``(A * width, ...)`` ->
-        ``(A' * width, ...)``: the other sentences' searches are over, so they leave the batch."""
-        device = self.tokens.device
-        first = torch.tensor(beams, device=device).unsqueeze(1) * self.width  # (A', 1)
-        take = _select((first + torch.arange(self.width, device=device)).view(-1))  # (A' * width,) rows
+    def keep(self, beams: Tensor) -> "_Live":
+        """Only the beams ``beams`` ``(A',)`` (indices into ``sentences``) and their rows,
+        ``(A * width, ...)`` -> ``(A' * width, ...)``."""
+        first = beams.unsqueeze(1) * self.width  # (A', 1)
+        take = _select((first + torch.arange(self.width, device=beams.device)).view(-1))  # (A' * width,) rows
         state = map_state(self.state, take)
-        sentences = [self.sentences[a] for a in beams]
-        return _Live(state, take(self.tokens), take(self.scores), take(self.history), sentences, self.width)
+        return _Live(
+            state,
+            take(self.tokens),
+            take(self.scores),
+            take(self.history),
+            self.sentences.index_select(0, beams),
+            self.searching.index_select(0, beams),
+            self.width,
+        )
 
 
 def _start(model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int) -> _Live:
@@ -121,7 +144,43 @@ def _start(model: nn.Module, src: Tensor, src_mask: Tensor, bos_id: int) -> _Liv
     state = model.start_state(model.encode(src, src_mask))  # (B, ...)
     tokens = torch.full((batch,), bos_id, dtype=torch.long, device=device)  # (B,)
     scores = torch.zeros(batch, device=device)  # (B,)
-    return _Live(state, tokens, scores, tokens.new_zeros(batch, 0), list(range(batch)))
+    sentences = torch.arange(batch, device=device)  # (B,)
+    searching = torch.ones(batch, dtype=torch.bool, device=device)  # (B,)
+    return _Live(state, tokens, scores, tokens.new_zeros(batch, 0), sentences, searching)
+
+
+def _checked(live: _Live, t: int, last: int, every: int) -> Optional[_Live]:
+    """The host's read of the progress after step ``t``, every ``every`` steps and at the last step
+    ``last`` (one synchronisation): None when no search goes on, else ``live`` without the sentences
+    whose search is over."""
+    if t >= last:
+        return None
+    if t % every:
+        return live
+    searching = live.searching.nonzero().flatten()  # (A',): the one read of the device
+    if searching.numel() == 0:
+        return None
+    return live if searching.numel() == live.searching.numel() else live.keep(searching)
+
+
+@dataclass
+class _Outputs:
+    """The output of each sentence of a greedy search, kept on the device until the end: ``(B, L)``
+    tokens (``L``: the longest limit), ``(B,)`` lengths (EOS counted), scores, whether it ended in EOS."""
+
+    tokens: Tensor
+    lengths: Tensor
+    scores: Tensor
+    ended: Tensor
+
+    def hypotheses(self) -> List[Hypothesis]:
+        """The hypotheses, EOS dropped (the end of the search's reads of the device)."""
+        tokens, lengths = self.tokens.tolist(), self.lengths.tolist()
+        scores, ended = self.scores.tolist(), self.ended.tolist()
+        return [
+            Hypothesis(ids[: n - 1] if end else ids[:n], score, finished=end)
+            for ids, n, score, end in zip(tokens, lengths, scores, ended)
+        ]
 
 
 @torch.no_grad()
@@ -133,47 +192,96 @@ def greedy_search(
     eos_id: int,
     options: SearchOptions,
     pad_id: int = 0,
+    sync_every: Optional[int] = None,
 ) -> List[Hypothesis]:
     """Most probable token at every step. ``src``/``src_mask`` ``(B, S)``; one hypothesis per sentence,
-    its score not length-normalised. Of ``options`` it reads the length limit."""
-    limits = torch.tensor(output_limits(src_mask, options, getattr(model, "max_positions", None)))  # (B,)
-    live = _start(model, src, src_mask, bos_id)
-    results: List[Optional[Hypothesis]] = [None] * src.size(0)
-    for t in range(1, int(limits.max()) + 1):
-        logits, state = model.decode_step(live.tokens, live.state)  # (A, V)
+    its score not length-normalised. Of ``options`` it reads the length limit. The host reads the
+    progress every ``sync_every`` steps (None: ``sync_interval`` of the device)."""
+    device, batch = src.device, src.size(0)
+    cap = getattr(model, "max_positions", None)
+    limit_list = output_limits(src_mask, options, cap)
+    limits, last = torch.tensor(limit_list, device=device), max(limit_list)  # (B,)
+    every = sync_every or sync_interval(device)
+    out = _Outputs(
+        torch.full((batch, last), pad_id, dtype=torch.long, device=device),
+        torch.zeros(batch, dtype=torch.long, device=device),
+        torch.zeros(batch, device=device),
+        torch.zeros(batch, dtype=torch.bool, device=device),
+    )
+    live: Optional[_Live] = _start(model, src, src_mask, bos_id)
+    for t in range(1, last + 1):
+        assert live is not None
+        logits, live.state = model.decode_step(live.tokens, live.state)  # (A, V)
         best, tokens = top_log_probs(logits, 1, (bos_id, pad_id))  # (A, 1) each
-        live.state, live.scores, live.tokens = state, live.scores + best[:, 0], tokens[:, 0]  # (A,) each
-        live.history = torch.cat([live.history, live.tokens.unsqueeze(1)], dim=1)  # (A, t)
-        ended = (live.tokens == eos_id).cpu()  # (A,)
-        done = ended | (limits[live.sentences] <= t)  # (A,)
-        for i in done.nonzero().flatten().tolist():
-            results[live.sentences[i]] = _greedy_hypothesis(live, i, bool(ended[i]))
-        if bool(done.all()):
+        on, rows = live.searching, live.sentences  # (A,) each
+        live.tokens, live.scores = tokens[:, 0], torch.where(on, live.scores + best[:, 0], live.scores)
+        out.tokens[rows, t - 1] = torch.where(on, live.tokens, pad_id)
+        out.scores[rows] = torch.where(on, live.scores, out.scores[rows])
+        out.lengths[rows] = torch.where(on, t, out.lengths[rows])
+        ended = on & (live.tokens == eos_id)  # (A,)
+        out.ended[rows] |= ended
+        live.searching = on & ~ended & (limits[rows] > t)
+        live = _checked(live, t, last, every)
+        if live is None:
             break
-        if bool(done.any()):
-            live = live.keep((~done).nonzero().flatten().tolist())
-    return results  # type: ignore[return-value]
+    return out.hypotheses()
 
 
-def _greedy_hypothesis(live: _Live, row: int, ended: bool) -> Hypothesis:
-    """The hypothesis of row ``row``, whose search is over: it ``ended`` with EOS (not kept in its
-    tokens), or it reached its length limit."""
-    ids = live.history[row].tolist()
-    return Hypothesis(ids[:-1] if ended else ids, float(live.scores[row]), finished=ended)
+@dataclass
+class _Found:
+    """Each sentence's ``N`` (``nbest``) best hypotheses so far, best first, on the device: ``(B, N)``
+    normalised scores (``-inf``: none yet) and ``finished`` flags, ``(B, N, L)`` tokens (``L``: the
+    longest limit), ``(B, N)`` lengths. Only the ``N`` best are kept: no other is ever returned, and
+    the end of a search looks at the ``N``-th best."""
 
+    scores: Tensor
+    tokens: Tensor
+    lengths: Tensor
+    finished: Tensor
 
-class _Finished:
-    """The finished hypotheses of one sentence, best first by normalised score."""
+    @staticmethod
+    def empty(batch: int, nbest: int, longest: int, device: torch.device) -> "_Found":
+        return _Found(
+            torch.full((batch, nbest), float("-inf"), dtype=torch.float64, device=device),
+            torch.zeros(batch, nbest, longest, dtype=torch.long, device=device),
+            torch.zeros(batch, nbest, dtype=torch.long, device=device),
+            torch.zeros(batch, nbest, dtype=torch.bool, device=device),
+        )
 
-    def __init__(self) -> None:
-        self.hyps: List[Hypothesis] = []
+    def add(self, sentences: Tensor, scores: Tensor, tokens: Tensor, finished: bool) -> None:
+        """Candidates ``(A, C)`` of the beams' ``sentences`` ``(A,)``: normalised ``scores`` (float64;
+        ``-inf``: not a candidate), ``tokens`` ``(A, C, t)``; a candidate ranks after those found
+        before it with an equal score, and after the candidates to its left."""
+        nbest, t = self.scores.size(1), tokens.size(2)
+        held = self.tokens[sentences]  # (A, N, L)
+        new = torch.zeros_like(held[:, :1]).expand(-1, scores.size(1), -1).clone()  # (A, C, L)
+        new[:, :, :t] = tokens
+        scores = torch.cat([self.scores[sentences], scores], dim=1)  # (A, N + C)
+        best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :nbest]  # (A, N)
+        lengths = torch.cat([self.lengths[sentences], torch.full_like(scores[:, nbest:], t, dtype=torch.long)], 1)
+        flags = torch.cat([self.finished[sentences], torch.full_like(lengths[:, nbest:], finished, dtype=torch.bool)], 1)
+        self.scores[sentences] = scores.gather(1, best)
+        self.lengths[sentences] = lengths.gather(1, best)
+        self.finished[sentences] = flags.gather(1, best)
+        every = torch.cat([held, new], dim=1)  # (A, N + C, L)
+        self.tokens[sentences] = every.gather(1, best.unsqueeze(2).expand(-1, -1, every.size(2)))
 
-    def add(self, hyp: Hypothesis) -> None:
-        self.hyps.append(hyp)
-        self.hyps.sort(key=lambda h: h.score, reverse=True)
+    def nth(self, sentences: Tensor) -> Tensor:
+        """``(A,)`` the ``N``-th best score of each sentence (``-inf`` while fewer are found)."""
+        return self.scores[sentences, -1]
 
-    def nth_score(self, n: int) -> float:
-        return self.hyps[n - 1].score if len(self.hyps) >= n else float("-inf")
+    def hypotheses(self) -> List[List[Hypothesis]]:
+        """Per sentence its hypotheses, best first (the end of the search's reads of the device)."""
+        scores, tokens = self.scores.tolist(), self.tokens.tolist()
+        lengths, finished = self.lengths.tolist(), self.finished.tolist()
+        return [
+            [
+                Hypothesis(ids[:n], score, finished=end)
+                for score, ids, n, end in zip(*sentence)
+                if score > float("-inf")
+            ]
+            for sentence in zip(scores, tokens, lengths, finished)
+        ]
 
 
 @dataclass
@@ -191,7 +299,7 @@ class _Candidates:
 def _expand(live: _Live, logits: Tensor, beam: int, never: Tuple[int, ...], eos_id: int) -> _Candidates:
     """The ``2K`` best extensions of each live sentence: ``logits`` ``(A * width, V)`` of the live rows
     -> ``(A, 2K)`` candidates."""
-    alive, width = len(live.sentences), live.width
+    alive, width = live.sentences.size(0), live.width
     per_row = min(2 * beam, logits.size(1))
     log_probs, tokens = top_log_probs(logits, per_row, never)  # (A * width, per_row) each
     candidates = (live.scores.unsqueeze(1) + log_probs).view(alive, width * per_row)  # (A, width * per_row)
@@ -207,22 +315,18 @@ def _expand(live: _Live, logits: Tensor, beam: int, never: Tuple[int, ...], eos_
     return _Candidates(top, rows, tokens, tokens == eos_id)
 
 
-def _finish(
-    step: _Candidates, live: _Live, t: int, options: SearchOptions, finished: List[_Finished]
-) -> None:
-    """Move extensions by EOS that rank among the first ``K`` of their sentence to its finished list.
+def _finish(step: _Candidates, live: _Live, t: int, options: SearchOptions, found: _Found) -> None:
+    """Extensions by EOS that rank among the first ``K`` of a sentence still searching join its
+    found hypotheses.
 
     (Only the first ``K``: an EOS further down would not have survived pruning in a beam of ``K``.)
     """
-    beam = options.beam_size
-    accepted = step.is_eos[:, :beam] & torch.isfinite(step.scores[:, :beam])  # (A, K)
-    if not bool(accepted.any()):
-        return
-    penalty = length_penalty(t, options.alpha)
-    for a, r in accepted.nonzero().tolist():
-        row = int(step.rows[a, r])
-        score = float(step.scores[a, r]) / penalty
-        finished[live.sentences[a]].add(Hypothesis(live.history[row].tolist(), score, finished=True))
+    beam, alive = options.beam_size, live.sentences.size(0)
+    top = step.scores[:, :beam]  # (A, K)
+    accepted = step.is_eos[:, :beam] & torch.isfinite(top) & live.searching.unsqueeze(1)  # (A, K)
+    scores = torch.where(accepted, top.double() / length_penalty(t, options.alpha), float("-inf"))
+    tokens = live.history.index_select(0, step.rows[:, :beam].reshape(-1)).view(alive, beam, t - 1)
+    found.add(live.sentences, scores, tokens, finished=True)
 
 
 def _prune(step: _Candidates, beam: int) -> Tuple[Tensor, Tensor, Tensor]:
@@ -245,40 +349,27 @@ def _advance(live: _Live, state: Any, step: _Candidates, beam: int) -> _Live:
     skip = SOURCE_KEYS if live.width == beam else frozenset()
     state = map_state(state, _select(rows), skip=skip)
     history = torch.cat([live.history.index_select(0, rows), tokens.unsqueeze(1)], dim=1)  # (A * K, t)
-    return _Live(state, tokens, scores, history, live.sentences, beam)
+    return _Live(state, tokens, scores, history, live.sentences, live.searching, beam)
 
 
-def _search_over(best_live: float, limit: int, t: int, found: _Finished, options: SearchOptions) -> bool:
-    """Whether a sentence's search can end after step ``t`` (the rules in the module docstring)."""
-    if t >= limit:
-        return True
-    # the best normalised score a live hypothesis can reach
-    bound = best_live / length_penalty(limit, options.alpha)
-    return found.nth_score(options.nbest) >= bound
-
-
-def _add_unfinished(found: _Finished, live: _Live, a: int, t: int, alpha: float) -> None:
-    """At the length limit, the live hypotheses of beam ``a`` join its sentence's list as unfinished ones."""
-    penalty = length_penalty(t, alpha)
-    for row in range(a * live.width, (a + 1) * live.width):
-        score = float(live.scores[row])
-        if score > float("-inf"):
-            found.add(Hypothesis(live.history[row].tolist(), score / penalty, finished=False))
-
-
-def _still_searching(
-    live: _Live, limits: List[int], t: int, finished: List[_Finished], options: SearchOptions
-) -> List[int]:
-    """The live beams whose search goes on after step ``t``; a sentence that reached its length limit
-    gives its list its live hypotheses, as unfinished ones."""
-    best_live = live.scores.view(-1, options.beam_size)[:, 0].tolist()  # (A,) the live beams are sorted
-    keep = []
-    for a, sentence in enumerate(live.sentences):
-        if not _search_over(best_live[a], limits[sentence], t, finished[sentence], options):
-            keep.append(a)
-        elif t >= limits[sentence]:
-            _add_unfinished(finished[sentence], live, a, t, options.alpha)
-    return keep
+def _end_searches(live: _Live, limits: Tensor, penalties: Tensor, t: int, options: SearchOptions, found: _Found) -> None:
+    """Mark the searches that are over after step ``t`` (the rules in the module docstring); a
+    sentence that reached its length limit gets its live hypotheses, as unfinished ones. ``limits``
+    ``(B,)`` and the length penalty at them, ``penalties`` ``(B,)``."""
+    beam, alive = options.beam_size, live.sentences.size(0)
+    limit = limits[live.sentences]  # (A,)
+    scores = live.scores.view(alive, beam)  # (A, K), best first
+    # the best normalised score a live hypothesis can reach (float64, as the found scores)
+    bound = scores[:, 0].double() / penalties[live.sentences]  # (A,)
+    at_limit = live.searching & (limit <= t)  # (A,)
+    unfinished = torch.where(
+        at_limit.unsqueeze(1) & (scores > float("-inf")),
+        scores.double() / length_penalty(t, options.alpha),
+        float("-inf"),
+    )  # (A, K)
+    over = at_limit | (found.nth(live.sentences) >= bound)  # (A,)
+    found.add(live.sentences, unfinished, live.history.view(alive, beam, t), finished=False)
+    live.searching = live.searching & ~over
 
 
 @torch.no_grad()
@@ -290,24 +381,31 @@ def beam_search(
     eos_id: int,
     options: SearchOptions,
     pad_id: int = 0,
+    sync_every: Optional[int] = None,
 ) -> List[List[Hypothesis]]:
     """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``options.nbest`` best hypotheses, best first,
-    in a beam of ``options.beam_size``."""
-    beam = options.beam_size
-    limits = output_limits(src_mask, options, getattr(model, "max_positions", None))
-    live = _start(model, src, src_mask, bos_id)  # the first step extends one hypothesis per sentence
-    finished = [_Finished() for _ in range(src.size(0))]
-    for t in range(1, max(limits) + 1):
+    in a beam of ``options.beam_size``. The host reads the progress every ``sync_every`` steps (None:
+    ``sync_interval`` of the device)."""
+    device, beam = src.device, options.beam_size
+    limit_list = output_limits(src_mask, options, getattr(model, "max_positions", None))
+    limits, last = torch.tensor(limit_list, device=device), max(limit_list)  # (B,)
+    penalty_list = [length_penalty(n, options.alpha) for n in limit_list]
+    penalties = torch.tensor(penalty_list, dtype=torch.float64, device=device)  # (B,)
+    every = sync_every or sync_interval(device)
+    found = _Found.empty(src.size(0), options.nbest, last, device)
+    # the first step extends one hypothesis per sentence
+    live: Optional[_Live] = _start(model, src, src_mask, bos_id)
+    for t in range(1, last + 1):
+        assert live is not None
         logits, state = model.decode_step(live.tokens, live.state)  # (A * width, V)
         step = _expand(live, logits, beam, (bos_id, pad_id), eos_id)  # (A, 2K) each
-        _finish(step, live, t, options, finished)
+        _finish(step, live, t, options, found)
         live = _advance(live, state, step, beam)  # (A * K) rows
-        keep = _still_searching(live, limits, t, finished, options)
-        if not keep:
+        _end_searches(live, limits, penalties, t, options, found)
+        live = _checked(live, t, last, every)  # (A' * K) rows
+        if live is None:
             break
-        if len(keep) < len(live.sentences):
-            live = live.keep(keep)  # (A' * K) rows
-    return [found.hyps[: options.nbest] for found in finished]
+    return found.hypotheses()
 
 
 def search(
@@ -318,11 +416,14 @@ def search(
     eos_id: int,
     options: SearchOptions,
     pad_id: int = 0,
+    sync_every: Optional[int] = None,
 ) -> List[List[Hypothesis]]:
     """Per sentence of ``src``/``src_mask`` ``(B, S)`` its ``options.nbest`` best hypotheses, best first:
     greedy search when ``options.beam_size`` is 1 (the same output as a beam of 1, without the
     bookkeeping; its score is not length-normalised), beam search otherwise. BOS and ``pad_id`` are
-    never output."""
+    never output. The host reads the search's progress every ``sync_every`` steps (None:
+    ``sync_interval`` of the device); the output does not depend on it."""
     if options.beam_size == 1:
-        return [[hyp] for hyp in greedy_search(model, src, src_mask, bos_id, eos_id, options, pad_id)]
-    return beam_search(model, src, src_mask, bos_id, eos_id, options, pad_id)
+        greedy = greedy_search(model, src, src_mask, bos_id, eos_id, options, pad_id, sync_every)
+        return [[hyp] for hyp in greedy]
+    return beam_search(model, src, src_mask, bos_id, eos_id, options, pad_id, sync_every)

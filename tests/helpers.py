@@ -1,7 +1,8 @@
 """Test helpers shared by several test files (plain functions and constants, not fixtures):
 composing the config, the tiny runs' overrides, TensorBoard scalars, slices of Multi30k, the
 scripts and entry points loaded as modules, translate.py's main run in this process, a deadline
-that turns a hang into a failure, and finished run folders written in train.py's format.
+that turns a hang into a failure, finished run folders written in train.py's format, and a count
+of the reads of tensor values by the host (``HostReads``).
 
 A run folder as ``train.py`` leaves it (``training/results.py``: ``results_of``;
 ``decode_tests``; ``training/trainer.py``: the ``valid/*`` scalars of each
@@ -25,6 +26,8 @@ import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 SPLIT = "test_2016_flickr"
@@ -405,3 +408,37 @@ def synthetic_learning_overrides(root: Path, cache: Path, family: str, *extra: s
         *SYNTHETIC_FAMILIES[family],
         *extra,
     ]
+
+
+# Tensor methods and functions whose result the host must wait for on an accelerator: they read a
+# tensor's values (or a count that depends on them) back from the device.
+HOST_READS = frozenset(
+    {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
+     "argwhere", "masked_select", "unique", "unique_consecutive", "repeat_interleave"}
+)
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts, while active, the calls that make the host wait for a device's values (``HOST_READS``,
+    a tensor indexed by a boolean tensor): on the CPU they cost nothing, so a CPU test can count the
+    synchronisations a GPU would make. ``names`` lists them in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: List[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS or (name == "__getitem__" and _bool_index(args[1] if len(args) > 1 else None)):
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+
+def _bool_index(index: Any) -> bool:
+    """Whether an index holds a boolean tensor (its result's size depends on the values)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(part, torch.Tensor) and part.dtype == torch.bool for part in parts)

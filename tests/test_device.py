@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from common.device import (
+    attention_kernels,
     cuda_index,
     decode_precision,
     pick_device,
@@ -82,3 +83,18 @@ def test_translation_decodes_as_the_run_was_validated_unless_told_otherwise():
     assert run_precision({}) == {"amp": False, "tf32": False}
     with pytest.raises(ValueError, match="float16"):
         decode_precision("float16", cuda_amp)
+
+
+def test_cuda_attention_never_uses_cudnn_kernels():
+    """On CUDA the fused attention may not take cuDNN's kernels (a graph built for every new shape);
+    the CPU's choice is left as it is. The flag is process-wide: put back after the test."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        attention_kernels(torch.device("cpu"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        attention_kernels(torch.device("cuda", 0))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

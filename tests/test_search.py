@@ -7,7 +7,7 @@ bias to its logits, to make chosen tokens likely or certain.
 import dataclasses
 import itertools
 import re
-from typing import Optional
+from typing import List, Optional
 
 import pytest
 import torch
@@ -18,6 +18,7 @@ from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
 from models.search import beam_search, greedy_search, output_limits, search
 from models.search_options import SearchOptionError, SearchOptions
+from helpers import HostReads
 
 V = 40
 
@@ -279,6 +280,58 @@ def test_finished_sentences_leave_the_batch(family):
     model.rows.clear()
     beam_search(model, src, src_mask, BOS_ID, EOS_ID, SearchOptions(beam_size=3, **limits))
     assert model.rows == [4, 12, 9, 6, 3]  # the first step: one hypothesis per sentence
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_finished_sentences_leave_at_the_next_read(family):
+    """As above, the host reading the progress every second step: a finished sentence's rows run on
+    until the next read."""
+    model = Recording(Biased(tiny(family), favour(EOS_ID, amount=-100.0)))
+    src, src_mask = sources()
+    limits = SearchOptions(max_len_ratio=0.5, max_len_extra=2)
+    greedy_search(model, src, src_mask, BOS_ID, EOS_ID, limits, sync_every=2)
+    assert model.rows == [4, 4, 3, 3, 1]
+    model.rows.clear()
+    beams = dataclasses.replace(limits, beam_size=3)
+    beam_search(model, src, src_mask, BOS_ID, EOS_ID, beams, sync_every=2)
+    assert model.rows == [4, 12, 9, 9, 3]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("beam", [1, 3])
+def test_the_host_reads_the_device_once_every_interval(family, beam):
+    """The searches keep their progress on the device: decoding 32 more steps costs 4 more reads
+    with a read every 8 steps (on a GPU each read waits for the device)."""
+    model = Biased(tiny(family), favour(EOS_ID, amount=-100.0))  # never ends: every step runs
+    src, src_mask = sources()
+
+    def reads(steps: int) -> List[str]:
+        options = SearchOptions(beam_size=beam, max_len=steps)
+        with HostReads() as counted:
+            search(model, src, src_mask, BOS_ID, EOS_ID, options, sync_every=8)
+        return counted.names
+
+    assert len(reads(48)) - len(reads(16)) == 4, reads(48)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_interval_of_reads_never_changes_the_output(family, beam):
+    """Sentences that end at different steps (EOS ever more likely): the same hypotheses and scores
+    whether the host reads the progress every step or every few."""
+    ramp = {"transformer": 0.5, "rnn": 0.02}[family]  # the untrained RNN's logits are close together
+    model = Biased(tiny(family), torch.zeros(V), ramp=favour(EOS_ID, amount=ramp))
+    src, src_mask = sources()
+    options = SearchOptions(beam_size=beam, nbest=min(beam, 2), alpha=0.6, max_len=12)
+
+    def found(every: int):
+        hyps = search(model, src, src_mask, BOS_ID, EOS_ID, options, sync_every=every)
+        return [[(h.tokens, round(h.score, 5), h.finished) for h in sentence] for sentence in hyps]
+
+    each_step = found(1)
+    assert len({len(sentence[0][0]) for sentence in each_step}) > 1  # they end at different steps
+    assert found(3) == each_step
+    assert found(8) == each_step
 
 
 @pytest.mark.parametrize("family", FAMILIES)

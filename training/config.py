@@ -59,7 +59,8 @@ class TrainerConfig:
     # GNMT alpha of the final beam search; 1.2: the best at beam 5 on the validation set
     # (scripts/tune_decoding.py).
     length_penalty: float = 1.2
-    eval_batch_tokens: Optional[int] = None  # tokens per decoding batch (null: batch_tokens)
+    # tokens per decoding batch (null: batch_tokens; on a GPU at least inference.decoding.GPU_BATCH_TOKENS)
+    eval_batch_tokens: Optional[int] = None
     log_every: int = 50  # steps between log lines and train/* scalars
     attention_samples: int = 4  # validation sentences whose attention is drawn at every evaluation
     resume: Optional[str] = None  # null, auto (this run folder's last.pt) or a checkpoint path

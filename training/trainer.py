@@ -33,6 +33,7 @@ from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
 from data.sampling import Resegmenter
 from data.specials import PAD_ID
 from data.tokenizer import Tokenizer
+from inference.decoding import batch_tokens_for
 from models.build import ModelConfig, build_model, count_parameters
 from training import distributed
 from training.averaging import ExponentialAverage, keep_recent
@@ -128,7 +129,7 @@ class Trainer:
         self.resegmenter = resegmenter(self.data, data_cfg, cfg.seed)
         self.progress = Progress()
         self.ckpt_dir = self.out_dir / "checkpoints"
-        self.eval_batch_tokens = self.tc.eval_batch_tokens or self.tc.batch_tokens
+        self.eval_batch_tokens = self.tc.eval_batch_tokens or batch_tokens_for(self.device, self.tc.batch_tokens)
         self.board: Optional[Board] = None  # opened by fit(), closed by close()
         self.stop: Optional[StopRequest] = None  # the signals fit() was given to heed
         self.resumed = False  # whether resume() restored a checkpoint
