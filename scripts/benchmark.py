@@ -42,6 +42,10 @@ from typing import Any, Dict, List, Optional, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 
 
+FLOP_BATCHES = 8  # batches whose FLOPs are counted (per target token)
+PROFILED_STEPS = 5  # steps of the profile's split (CUDA)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -272,6 +276,7 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         epoch_tokens = int(
             trainer.data.datasets[TRAIN].tgt_lengths().sum()
         )  # target tokens + EOS of one epoch
+        use = utilisation(trainer, tokens / seconds)
         if trainer.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(trainer.device)
         else:
@@ -293,7 +298,42 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
             else "peak resident set (process)",
             "epoch_tgt_tokens": epoch_tokens,
             "epoch_minutes": round(epoch_tokens / (tokens / seconds) / 60, 2),
+            **use,
         }
+
+
+def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
+    """The precision and compilation of ``trainer``'s steps, their model FLOPs per target token
+    (counted on ``FLOP_BATCHES`` batches of the epoch), the FLOP/s at ``tokens_per_second``, the
+    MFU where the device's peak is known and, on CUDA, a profile's split of ``PROFILED_STEPS``
+    steps (``training/efficiency.py``)."""
+    import torch
+
+    from common.device import precision_name
+    from training.efficiency import mfu, peak_tflops, profiled_kernels, split, step_flops
+
+    device, tc = trainer.device, trainer.tc
+    batches = [trainer.collate(b, trainer.progress.epoch) for b in list(trainer.sampler)[:FLOP_BATCHES]]
+    flops = step_flops(trainer.model, batches, tc, trainer.world, device, trainer.autocast)
+    per_token = flops / sum(b.n_tgt_tokens for b in batches)
+    precision = precision_name(device, tc.amp, tc.tf32)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = peak_tflops(name, precision)
+    achieved = per_token * tokens_per_second
+    result = {
+        "precision": precision,
+        "compile": bool(tc.compile),
+        "gflops_per_tgt_token": round(per_token / 1e9, 4),
+        "tflops_per_s": round(achieved / 1e12, 3),
+        "peak_tflops": peak,
+        "mfu": None if peak is None else round(mfu(achieved, peak), 4),
+    }
+    if device.type == "cuda":
+        steps = batches[:PROFILED_STEPS]
+        kernels, wall = profiled_kernels(lambda: [trainer.train_step([b]) for b in steps])
+        result["profile"] = {kind: round(share, 3) for kind, share in split(kernels, wall).items()}
+        result["profile_seconds_per_step"] = round(wall / len(steps), 4)
+    return result
 
 
 def bench_train(args: argparse.Namespace) -> Dict[str, Any]:
@@ -350,21 +390,39 @@ def train_table(result: Dict[str, Any]) -> str:
         f"Training on Multi30k train, device {result['device']}; {result['machine']}; {result['date']}"
         + (f"; overrides: {' '.join(result['overrides'])}" if result["overrides"] else ""),
         "",
-        "| model | params | batch_tokens | tgt tokens/batch | steps timed | s/step | tgt tok/s "
-        "| peak memory MiB | epoch (min) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | params | precision | batch_tokens | tgt tokens/batch | steps timed | s/step | tgt tok/s "
+        "| GFLOP/tgt token | TFLOP/s | MFU | peak memory MiB | epoch (min) |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
+        precision = r["precision"] + (", compiled" if r["compile"] else "")
+        use = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         lines.append(
-            f"| {r['model']} | {r['params']:,} | {r['batch_tokens']} | {r['tgt_tokens_per_batch']:,.0f} | "
+            f"| {r['model']} | {r['params']:,} | {precision} | {r['batch_tokens']} | {r['tgt_tokens_per_batch']:,.0f} | "
             f"{r['steps']} (after {r['warmup_steps']}) | {r['seconds_per_step']:.3f} | {r['tgt_tokens_per_s']:,.0f} | "
+            f"{r['gflops_per_tgt_token']:.3f} | {r['tflops_per_s']:.2f} | {use} | "
             f"{r['peak_memory_mib']:,.0f} | {r['epoch_minutes']:.1f} |"
         )
     kinds = sorted({r["memory_kind"] for r in result["rows"]})
     lines.append(
         f"\nPeak memory: {', '.join(kinds)}. Epoch: the target tokens of one training epoch at the measured "
-        "rate (steps only, no evaluation)."
+        "rate (steps only, no evaluation). GFLOP/tgt token: the matrix products of a forward and backward "
+        "pass, counted by torch's FlopCounterMode on real batches (padding included); MFU: TFLOP/s over "
+        "the device's dense peak in that precision (NVIDIA's data sheet; n/a: unknown, as for a CPU)."
     )
+    profiled = [r for r in result["rows"] if "profile" in r]
+    if profiled:
+        lines += [
+            "",
+            "Where a step's time goes (CUDA kernels of a profile of a few steps, by kind; idle: no kernel ran):",
+            "",
+            "| model | precision | s/step (profiled) | " + " | ".join(r_kind for r_kind in profiled[0]["profile"]) + " |",
+            "| --- | --- | ---: |" + " ---: |" * len(profiled[0]["profile"]),
+        ]
+        for r in profiled:
+            shares = " | ".join(f"{100 * v:.0f}%" for v in r["profile"].values())
+            precision = r["precision"] + (", compiled" if r["compile"] else "")
+            lines.append(f"| {r['model']} | {precision} | {r['profile_seconds_per_step']:.4f} | {shares} |")
     if "translate" in result:
         lines += ["", translate_table(result["translate"])]
     return "\n".join(lines) + "\n"

@@ -54,12 +54,17 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     rate = row["tgt_tokens_per_batch"] / row["seconds_per_step"]
     assert abs(rate - row["tgt_tokens_per_s"]) / rate < 0.01
     assert abs(row["epoch_minutes"] - row["epoch_tgt_tokens"] / row["tgt_tokens_per_s"] / 60) < 0.01
+    # the FLOPs of a step are counted; a CPU has no known peak, so no MFU, and no CUDA profile
+    assert row["precision"] == "float32" and row["compile"] is False
+    flops = row["gflops_per_tgt_token"] * 1e9 * row["tgt_tokens_per_s"]
+    assert row["gflops_per_tgt_token"] > 0 and abs(flops / 1e12 - row["tflops_per_s"]) < 1e-3
+    assert row["mfu"] is None and row["peak_tflops"] is None and "profile" not in row
     (decoding,) = result["translate"]["rows"]
     assert decoding["beam"] == 1 and decoding["sentences"] == 30 and decoding["startup_s"] > 0
     # 30 sentences of a tiny model can decode within start-up noise; a rate, when given, is positive
     assert decoding["sentences_per_s"] is None or decoding["sentences_per_s"] > 0
     markdown = out.with_suffix(".md").read_text()
-    assert "| tiny_rnn | " in markdown and "sentences/s" in markdown
+    assert "| tiny_rnn | " in markdown and "sentences/s" in markdown and "| n/a |" in markdown
 
 
 def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
