@@ -51,14 +51,14 @@ def cuda_index(local_rank: int, local_world_size: int, n_gpus: int, narrowed: bo
     return local_rank
 
 
-def attention_kernels(device: torch.device) -> None:
+def attention_kernels(device: torch.device, cudnn: bool = False) -> None:
     """On CUDA, ``F.scaled_dot_product_attention`` may pick flash attention (no mask), memory-efficient
-    attention (a mask) or the math path, not cuDNN's attention: recent PyTorch tries cuDNN's first on
-    Hopper GPUs, and it builds and compiles a graph for every new shape (hundreds of milliseconds),
-    which batches of varying lengths and every decoding step (one key more) are. A process-wide
-    setting, as TF32 is."""
+    attention (a mask) or the math path, and cuDNN's attention only with ``cudnn``
+    (``trainer.cudnn_attention``): recent PyTorch tries cuDNN's first on Hopper GPUs, and it builds
+    and compiles a graph for every new shape (hundreds of milliseconds), which batches of varying
+    lengths and every decoding step (one key more) are. A process-wide setting, as TF32 is."""
     if device.type == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(False)
+        torch.backends.cuda.enable_cudnn_sdp(cudnn)
 
 
 def pick_device(name: str, local_rank: int = 0, local_world_size: int = 1) -> torch.device:

@@ -16,7 +16,6 @@ from inference.translator import detokenize
 from models.search import Hypothesis, search
 from models.search_options import SearchOptions
 
-
 # Tokens per decoding batch on a GPU at least: a search step there costs about the same for 64
 # sentences as for thousands (its time is the kernel launches and the host, not the arithmetic), so
 # a whole validation split goes in a batch or two.

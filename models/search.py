@@ -7,9 +7,11 @@ every ``sync_every`` steps (``_checked``: one synchronisation; on a GPU each rea
 device's queue to drain, so a loop that read every step would be bound by the round trips) and
 then drops the sentences whose search is over from the batch; between two reads their rows run
 on, ignored. On the CPU the host reads every step (it costs nothing there): the decoder never runs
-for a finished sentence. The interval never changes the output. Beam search keeps ``K`` live hypotheses per sentence in one ``(A * K)`` batch (``A``
-sentences still searching). Each step it looks at the ``2K`` best one-token extensions: those that
-end in EOS and rank among the first ``K`` go to the sentence's list of finished hypotheses, scored
+for a finished sentence. The interval never changes the output.
+
+Beam search keeps ``K`` live hypotheses per sentence in one ``(A * K)`` batch (``A`` sentences
+still searching). Each step it looks at the ``2K`` best one-token extensions: those that
+end in EOS and rank among the first ``K`` join the sentence's found hypotheses, scored
 with the GNMT length penalty ``((5 + |y|) / 6) ** alpha`` (Wu et al. 2016, section 7; ``|y|``
 counts EOS); the best ``K`` others are the next live beam. A sentence's search ends when
 
@@ -258,8 +260,12 @@ class _Found:
         new[:, :, :t] = tokens
         scores = torch.cat([self.scores[sentences], scores], dim=1)  # (A, N + C)
         best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :nbest]  # (A, N)
-        lengths = torch.cat([self.lengths[sentences], torch.full_like(scores[:, nbest:], t, dtype=torch.long)], 1)
-        flags = torch.cat([self.finished[sentences], torch.full_like(lengths[:, nbest:], finished, dtype=torch.bool)], 1)
+        lengths = torch.cat(
+            [self.lengths[sentences], torch.full_like(scores[:, nbest:], t, dtype=torch.long)], 1
+        )
+        flags = torch.cat(
+            [self.finished[sentences], torch.full_like(lengths[:, nbest:], finished, dtype=torch.bool)], 1
+        )
         self.scores[sentences] = scores.gather(1, best)
         self.lengths[sentences] = lengths.gather(1, best)
         self.finished[sentences] = flags.gather(1, best)
@@ -352,7 +358,9 @@ def _advance(live: _Live, state: Any, step: _Candidates, beam: int) -> _Live:
     return _Live(state, tokens, scores, history, live.sentences, live.searching, beam)
 
 
-def _end_searches(live: _Live, limits: Tensor, penalties: Tensor, t: int, options: SearchOptions, found: _Found) -> None:
+def _end_searches(
+    live: _Live, limits: Tensor, penalties: Tensor, t: int, options: SearchOptions, found: _Found
+) -> None:
     """Mark the searches that are over after step ``t`` (the rules in the module docstring); a
     sentence that reached its length limit gets its live hypotheses, as unfinished ones. ``limits``
     ``(B,)`` and the length penalty at them, ``penalties`` ``(B,)``."""

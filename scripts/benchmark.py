@@ -17,6 +17,13 @@ the checkpoint) is timed separately, as a run on an empty input, and left out of
     python scripts/benchmark.py translate --checkpoint rnn=outputs/rnn/checkpoints/best.pt \\
         --checkpoint transformer=outputs/tf/checkpoints/best.pt --data ../multi30k --beams 1 5
 
+``epochs``: the first epochs of one model from scratch, each epoch's target tokens per second (the
+first pays for whatever a device does the first time: allocations, kernels loaded, new shapes),
+then greedy validation (twice: cold and warm) and the test splits decoded at each beam size, as a
+run's evaluations and its end do::
+
+    python scripts/benchmark.py epochs --data ../multi30k --model transformer --epochs 3 --device cuda
+
 A ``PATH`` that is a folder of ``scripts/export_ctranslate2.py`` runs ``translate.py --engine
 ctranslate2`` (the deployment comparison of docs/deployment.md)::
 
@@ -36,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -98,6 +106,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     tn.add_argument(
         "overrides", nargs="*", help="more Hydra overrides for every model (e.g. trainer.num_threads=1)"
     )
+    ep = commands.add_parser(
+        "epochs", help="the first epochs' training rates, then the speed of validation and test decoding"
+    )
+    ep.add_argument("--data", default=os.environ.get("MULTI30K_DIR"), help="a Multi30k folder")
+    ep.add_argument("--model", default="transformer", help="a model config (conf/model)")
+    ep.add_argument("--epochs", type=int, default=3, help="epochs trained, each timed")
+    ep.add_argument("--beams", type=int, nargs="+", default=[1, 5], help="beam sizes of the test decoding")
+    ep.add_argument("--device", default="cpu")
+    ep.add_argument("--out", default="benchmark_epochs", help="writes OUT.json and OUT.md")
+    ep.add_argument("overrides", nargs="*", help="more Hydra overrides")
     one = commands.add_parser("train-one", help="internal: one model of `train`, in a process of its own")
     one.add_argument("--model", required=True)
     one.add_argument("--data", required=True)
@@ -106,10 +124,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     one.add_argument("--device", default="cpu")
     one.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    if args.command in ("train", "translate") and not args.data:
+    if args.command in ("train", "translate", "epochs") and not args.data:
         parser.error("give --data DIR (a Multi30k folder) or set MULTI30K_DIR")
     if args.command in ("train", "train-one") and min(args.warmup, args.steps) < 1:
         parser.error("--warmup and --steps must be at least 1")
+    if args.command == "epochs" and args.epochs < 1:
+        parser.error("--epochs must be at least 1")
     return args
 
 
@@ -241,16 +261,12 @@ def machine() -> str:
     return f"{os.cpu_count()} CPU cores ({cpu}){gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
-    """Train one model for ``warmup + steps`` steps (no evaluation) and time the last ``steps``."""
-    import resource
-
-    import torch
+def benchmark_config(args: argparse.Namespace, *limits: str) -> Any:
+    """The composed config of ``args.model`` on ``args.data`` and ``args.device``, with no evaluation
+    or log line during the training, the training ``limits`` and the user's overrides."""
     from hydra import compose, initialize_config_dir
 
-    from data.corpus import TRAIN
     from training.config import register_configs
-    from training.trainer import Trainer
 
     register_configs()
     overrides = [
@@ -259,12 +275,24 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         f"device={args.device}",
         "trainer.eval_every=1000000000",
         "trainer.log_every=1000000000",
-        "trainer.max_epochs=null",
-        f"trainer.max_steps={args.warmup + args.steps}",  # the run a fitted schedule decays over
+        *limits,
         *args.overrides,
     ]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
+        return compose("config", overrides=overrides)
+
+
+def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train one model for ``warmup + steps`` steps (no evaluation) and time the last ``steps``."""
+    import resource
+
+    import torch
+
+    from data.corpus import TRAIN
+    from training.trainer import Trainer
+
+    # max_steps: the run a fitted schedule decays over
+    cfg = benchmark_config(args, "trainer.max_epochs=null", f"trainer.max_steps={args.warmup + args.steps}")
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(cfg, Path(scratch))
         p = trainer.progress
@@ -336,6 +364,109 @@ def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
     return result
 
 
+def measure_epochs(args: argparse.Namespace) -> Dict[str, Any]:
+    """Train ``args.epochs`` epochs from scratch (no evaluation), each one's target tokens per second
+    (its steps alone); then the greedy validation of the trained model twice (the first run pays
+    for whatever a device does the first time) and each test split decoded at each of ``args.beams``,
+    as a run's evaluations and end do (``trainer.eval_batch_tokens``)."""
+    import torch
+
+    from data.corpus import VALID
+    from inference.decoding import decode_ids
+    from training.trainer import Trainer
+    from training.validation import validate
+
+    cfg = benchmark_config(args, f"trainer.max_epochs={args.epochs}", "trainer.max_steps=null")
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(cfg, Path(scratch))
+        p, tc = trainer.progress, trainer.tc
+        steps_per_epoch = -(-len(trainer.sampler) // tc.accumulate)
+        epochs = []
+        for epoch in range(1, args.epochs + 1):
+            seconds, tokens, tick = p.step_seconds, p.tgt_tokens, time.perf_counter()
+            trainer.fit(max_steps=epoch * steps_per_epoch, evaluate_last=False)
+            seconds, tokens = p.step_seconds - seconds, p.tgt_tokens - tokens
+            wall = time.perf_counter() - tick
+            epochs.append(
+                {"epoch": epoch, "tgt_tokens_per_s": round(tokens / seconds, 1), "seconds": round(wall, 2)}
+            )
+            print(json.dumps(epochs[-1]), flush=True)  # what a run stopped at its time limit has done
+        trainer.close()
+        model, data, device, batch_tokens = (
+            trainer.model,
+            trainer.data,
+            trainer.device,
+            trainer.eval_batch_tokens,
+        )
+
+        def timed(decode: Any) -> float:
+            tick = time.perf_counter()
+            decode()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return round(time.perf_counter() - tick, 3)
+
+        validation = [
+            timed(lambda: validate(model, data, batch_tokens, device, trainer.autocast)) for _ in range(2)
+        ]
+        decoding = []
+        for split in data.test_splits:
+            dataset = data.datasets[split]
+            for beam in args.beams:
+                decode = partial(decode_ids, model, dataset, batch_tokens, device, beam, tc.length_penalty)
+                seconds = timed(partial(decode, autocast=trainer.autocast))
+                decoding.append(
+                    {
+                        "split": split,
+                        "beam": beam,
+                        "sentences": len(dataset),
+                        "seconds": seconds,
+                        "sentences_per_s": round(len(dataset) / seconds, 1),
+                    }
+                )
+        return {
+            "benchmark": "epochs",
+            "machine": machine(),
+            "date": time.strftime("%Y-%m-%d"),
+            "model": args.model,
+            "device": str(device),
+            "overrides": args.overrides,
+            "batch_tokens": tc.batch_tokens,
+            "eval_batch_tokens": batch_tokens,
+            "epochs": epochs,
+            "first_to_last": round(epochs[0]["tgt_tokens_per_s"] / epochs[-1]["tgt_tokens_per_s"], 3),
+            "validation_sentences": len(data.datasets[VALID]),
+            "validation_seconds": validation,
+            "decoding": decoding,
+        }
+
+
+def epochs_table(result: Dict[str, Any]) -> str:
+    lines = [
+        f"The first {len(result['epochs'])} epochs of {result['model']}, device {result['device']}; "
+        f"{result['machine']}; {result['date']}; batch_tokens {result['batch_tokens']}"
+        + (f"; overrides: {' '.join(result['overrides'])}" if result["overrides"] else ""),
+        "",
+        "| epoch | tgt tok/s (steps) | seconds (wall) |",
+        "| ---: | ---: | ---: |",
+        *[f"| {e['epoch']} | {e['tgt_tokens_per_s']:,.0f} | {e['seconds']:.1f} |" for e in result["epochs"]],
+        "",
+        f"The first epoch's rate is {result['first_to_last']:.2f}x the last one's.",
+        "",
+        f"Greedy validation of {result['validation_sentences']} sentences (batches of "
+        f"{result['eval_batch_tokens']} tokens): {result['validation_seconds'][0]:.2f} s the first time, "
+        f"{result['validation_seconds'][1]:.2f} s the second.",
+        "",
+        "| test split | beam | sentences | seconds | sentences/s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *[
+            f"| {d['split']} | {d['beam']} | {d['sentences']} | {d['seconds']:.2f} | {d['sentences_per_s']:,.1f} |"
+            for d in result["decoding"]
+        ],
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def bench_train(args: argparse.Namespace) -> Dict[str, Any]:
     rows = []
     for spec in args.models:
@@ -372,14 +503,15 @@ def bench_train(args: argparse.Namespace) -> Dict[str, Any]:
             raise SystemExit(f"error: training {model} failed: {last}")
         rows.append(dict(json.loads(done.stdout.strip().splitlines()[-1]), model=spec))
         print(json.dumps(rows[-1]), flush=True)
-    result = {
-        "benchmark": "train",
-        "machine": machine(),
-        "date": time.strftime("%Y-%m-%d"),
-        "device": args.device,
-        "overrides": args.overrides,
-        "rows": rows,
-    }
+        result = {
+            "benchmark": "train",
+            "machine": machine(),
+            "date": time.strftime("%Y-%m-%d"),
+            "device": args.device,
+            "overrides": args.overrides,
+            "rows": rows,
+        }
+        write_outputs(args.out, result, train_table)  # each model's row as soon as it is measured
     if args.checkpoint:
         result["translate"] = bench_translate(args)
     return result
@@ -416,7 +548,9 @@ def train_table(result: Dict[str, Any]) -> str:
             "",
             "Where a step's time goes (CUDA kernels of a profile of a few steps, by kind; idle: no kernel ran):",
             "",
-            "| model | precision | s/step (profiled) | " + " | ".join(r_kind for r_kind in profiled[0]["profile"]) + " |",
+            "| model | precision | s/step (profiled) | "
+            + " | ".join(r_kind for r_kind in profiled[0]["profile"])
+            + " |",
             "| --- | --- | ---: |" + " ---: |" * len(profiled[0]["profile"]),
         ]
         for r in profiled:
@@ -472,15 +606,21 @@ def main(argv=None) -> None:
     if args.command == "train-one":
         print(json.dumps(measure_training(args)))
         return
-    result, table = (
-        (bench_train(args), train_table)
-        if args.command == "train"
-        else (bench_translate(args), translate_table)
-    )
+    commands = {
+        "train": (bench_train, train_table),
+        "translate": (bench_translate, translate_table),
+        "epochs": (measure_epochs, epochs_table),
+    }
+    bench, table = commands[args.command]
+    print(write_outputs(args.out, bench(args), table))
+
+
+def write_outputs(out: str, result: Dict[str, Any], table: Any) -> str:
+    """``OUT.json`` and ``OUT.md`` (by ``table``) of ``result``; the Markdown."""
     markdown = table(result)
-    Path(f"{args.out}.json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(f"{args.out}.md").write_text(markdown)
-    print(markdown)
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
+    Path(f"{out}.md").write_text(markdown)
+    return markdown
 
 
 if __name__ == "__main__":

@@ -18,10 +18,18 @@ from a folder (an earlier bundle's ``wheels/``) instead of downloading them.
 ``run`` installs the wheels into ``BUNDLE/site`` (``pip install --no-index --no-deps --target``),
 puts the repository (the project is not installed there) and that folder on the ``PYTHONPATH`` of
 the processes it starts, records the machine and the versions, runs ``python -m pytest -m gpu
-tests/test_gpu.py`` on the bundle's data, then ``scripts/benchmark.py train --device cuda`` for a
-few steps, each under a time limit so that the whole check ends within 8 minutes, and writes the
-report to FILE. Exit code 0 when every step
-passed; 1 when one failed or ran out of time, or when there is no CUDA device.
+tests/test_gpu.py`` on the bundle's data, then two measurements:
+
+- ``scripts/benchmark.py train --device cuda`` for a few steps of ``BENCH_MODELS`` (transformer_base
+  in bf16, in TF32 float32 and compiled; rnn_large in bf16): target tokens/s, step time, the model
+  FLOPs of a step and the MFU, and a profile's split of a step;
+- ``scripts/benchmark.py epochs --device cuda``: the default Transformer's first three epochs from
+  scratch, each one's rate, then greedy validation (cold and warm) and test_2016_flickr decoded at
+  beam 1 and 5;
+
+each step under a time limit so that the whole check ends within 8 minutes, and writes the report
+to FILE. Exit code 0 when every step passed; 1 when one failed or ran out of time, or when there is
+no CUDA device.
 """
 
 import argparse
@@ -58,13 +66,28 @@ DATA = Path("data") / "multi30k"  # inside the bundle
 MANIFEST = "manifest.json"
 
 TOTAL_SECONDS = 470  # the whole run, within 8 minutes
-SECONDS = {"install": 120, "facts": 90, "tests": 330, "benchmark": 150}  # each step's own limit
-BENCH_RESERVE = 100  # kept for the benchmark when the tests start
+# each step's own limit
+SECONDS = {"install": 120, "facts": 90, "tests": 150, "benchmark": 180, "epochs": 120}
+MEASURE_RESERVE = 300  # kept for the measurements when the tests start
 PIP_OFFLINE = "--quiet --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check".split()
 GPU_TESTS = ["tests/test_gpu.py"]
 # the gpu tests, a line per test in the summary (failed, errors, skipped with the reason, passed)
 PYTEST_OPTIONS = "-m gpu -p no:cacheprovider -rfEsp --durations=5".split()
 BENCH_STEPS = ("--warmup", "10", "--steps", "50")
+# the training benchmark's models, each with its own overrides: the compiled one last (it compiles
+# first), so that the others are measured even when it runs out of time
+BENCH_MODELS = (
+    "transformer_base",
+    "transformer_base,trainer.amp=false",
+    "rnn_large",
+    "transformer_base,trainer.compile=true",
+)
+EPOCHS = ("--model", "transformer", "--epochs", "3", "--beams", "1", "5")
+# the measurements: step name -> the report's heading of its table
+MEASUREMENTS = {
+    "benchmark": "Training throughput and MFU",
+    "epochs": "The first epochs, validation and decoding",
+}
 OUTPUT_LINES = 300  # of the pytest output in the report
 
 
@@ -288,18 +311,19 @@ def pytest_command() -> List[str]:
     return [sys.executable, "-m", "pytest", *PYTEST_OPTIONS, *GPU_TESTS]
 
 
-def bench_command(bundle: Path, scratch: Path) -> List[str]:
+def measure_command(step: str, bundle: Path, scratch: Path) -> List[str]:
+    """The command of a measurement (``MEASUREMENTS``); its table is ``scratch/<step>.md``."""
+    own = ["train", *BENCH_STEPS, "--models", *BENCH_MODELS] if step == "benchmark" else ["epochs", *EPOCHS]
     return [
         sys.executable,
         "scripts/benchmark.py",
-        "train",
+        *own,
         "--device",
         "cuda",
         "--data",
         str((bundle / DATA).resolve()),
-        *BENCH_STEPS,
         "--out",
-        str(scratch / "bench"),
+        str(scratch / step),
         "--",
         f"data.cache_dir={scratch / 'cache'}",
     ]
@@ -414,9 +438,10 @@ def versions_table(facts: Dict[str, Any]) -> List[str]:
 
 
 def render_report(
-    facts: Dict[str, Any], steps: Sequence[Step], benchmark: Optional[str], seconds: float
+    facts: Dict[str, Any], steps: Sequence[Step], tables: Dict[str, Optional[str]], seconds: float
 ) -> str:
-    """The Markdown report: verdict, machine and versions, steps, test summary and output, benchmark."""
+    """The Markdown report: verdict, machine and versions, steps, test summary and output, the
+    measurements' ``tables`` (by step name; None: the step's last output lines instead)."""
     verdict = "PASSED" if steps and all(s.ok for s in steps) else "FAILED"
     by_name = {s.name: s for s in steps}
     lines = [
@@ -436,7 +461,7 @@ def render_report(
         *[f"| {s.name} | {outcome(s)} | {s.seconds:.0f} |" for s in steps],
     ]
     for step in steps:
-        if step.returncode is not None and not step.ok and step.name not in ("tests", "benchmark"):
+        if step.returncode is not None and not step.ok and step.name not in ("tests", *MEASUREMENTS):
             lines += [
                 "",
                 f"{step.name}: `{' '.join(step.command)}`",
@@ -450,13 +475,15 @@ def render_report(
         lines += ["", "## Tests", "", f"`{' '.join(['python', *tests.command[1:]])}`", "", "```text"]
         lines += [*pytest_summary(tests.output), "```", "", "<details><summary>pytest output</summary>", ""]
         lines += ["```text", *tail(tests.output, OUTPUT_LINES), "```", "", "</details>"]
-    bench = by_name.get("benchmark")
-    if bench is not None and bench.returncode is not None:
-        lines += ["", "## Training throughput", ""]
-        if benchmark:
-            lines.append(benchmark.strip())
-        else:
-            lines += ["```text", *tail(bench.output, 40), "```"]
+    for name, heading in MEASUREMENTS.items():
+        step = by_name.get(name)
+        if step is None or step.returncode is None:
+            continue
+        lines += ["", f"## {heading}", "", f"`{' '.join(['python', *step.command[1:]])}`", ""]
+        if tables.get(name):
+            lines.append(tables[name].strip())  # type: ignore[union-attr]
+        if not step.ok or not tables.get(name):
+            lines += ["", "```text", *tail(step.output, 40), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -481,7 +508,7 @@ def run_check(bundle: Path, report: Path) -> int:
     env = child_env(bundle)
     steps = [run_step("install", install_command(bundle, content), env, time_for("install", deadline))]
     facts: Dict[str, Any] = {}
-    benchmark = None
+    tables: Dict[str, Optional[str]] = {}
     if steps[0].ok:
         command = [sys.executable, str(Path(__file__).resolve()), "facts"]
         steps.append(run_step("facts", command, env, time_for("facts", deadline)))
@@ -489,21 +516,19 @@ def run_check(bundle: Path, report: Path) -> int:
         print("\n".join(versions_table(facts)), flush=True)
     if not facts.get("cuda_available"):
         why = "no CUDA device" if facts else "no facts of the machine"
-        steps += [not_run("tests", why), not_run("benchmark", why)]
+        steps += [not_run("tests", why), *[not_run(name, why) for name in MEASUREMENTS]]
     else:
-        steps.append(run_step("tests", pytest_command(), env, time_for("tests", deadline, BENCH_RESERVE)))
-        with tempfile.TemporaryDirectory() as scratch:
-            steps.append(
-                run_step(
-                    "benchmark", bench_command(bundle, Path(scratch)), env, time_for("benchmark", deadline)
-                )
-            )
-            table = Path(scratch) / "bench.md"
-            benchmark = table.read_text() if steps[-1].ok and table.is_file() else None
-    tests = steps[-2]
-    if tests.returncode is not None:
+        tests = run_step("tests", pytest_command(), env, time_for("tests", deadline, MEASURE_RESERVE))
+        steps.append(tests)
         print("\n".join(pytest_summary(tests.output)), flush=True)
-    report.write_text(render_report(facts, steps, benchmark, time.monotonic() - start))
+        with tempfile.TemporaryDirectory() as scratch:
+            for name in MEASUREMENTS:
+                command = measure_command(name, bundle, Path(scratch))
+                later = sum(SECONDS[n] for n in list(MEASUREMENTS)[list(MEASUREMENTS).index(name) + 1 :])
+                steps.append(run_step(name, command, env, time_for(name, deadline, later)))
+                table = Path(scratch) / f"{name}.md"  # written as it goes: a table of what was measured
+                tables[name] = table.read_text() if table.is_file() else None
+    report.write_text(render_report(facts, steps, tables, time.monotonic() - start))
     passed = all(s.ok for s in steps)
     print(f"gpu_check: {'PASSED' if passed else 'FAILED'}; report: {report}", flush=True)
     return 0 if passed else 1

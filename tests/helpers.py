@@ -413,8 +413,22 @@ def synthetic_learning_overrides(root: Path, cache: Path, family: str, *extra: s
 # Tensor methods and functions whose result the host must wait for on an accelerator: they read a
 # tensor's values (or a count that depends on them) back from the device.
 HOST_READS = frozenset(
-    {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero",
-     "argwhere", "masked_select", "unique", "unique_consecutive", "repeat_interleave"}
+    {
+        "item",
+        "tolist",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "cpu",
+        "numpy",
+        "nonzero",
+        "argwhere",
+        "masked_select",
+        "unique",
+        "unique_consecutive",
+        "repeat_interleave",
+    }
 )
 
 

@@ -89,3 +89,47 @@ def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
     table = load_script("benchmark").translate_table(result)
     assert "| int8 | ctranslate2 int8 | 5 | 2.10 | -0.20 | (below start-up noise) | - |" in table
     assert "beam 5, speed against ours: int8: below start-up noise" in table
+
+
+def test_epochs_benchmark_times_each_epoch_then_validation_and_test_decoding(multi30k_slice, tmp_path):
+    out = tmp_path / "epochs"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "benchmark.py"),
+            "epochs",
+            "--data",
+            str(multi30k_slice),
+            "--model",
+            "tiny_transformer",
+            "--epochs",
+            "2",
+            "--beams",
+            "1",
+            "3",
+            "--out",
+            str(out),
+            "--",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.vocab_size=500",
+            "trainer.batch_tokens=1000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert [e["epoch"] for e in result["epochs"]] == [1, 2]
+    assert all(e["tgt_tokens_per_s"] > 0 and e["seconds"] > 0 for e in result["epochs"])
+    first, last = (e["tgt_tokens_per_s"] for e in result["epochs"])
+    assert result["first_to_last"] == pytest.approx(first / last, abs=1e-3)
+    assert result["eval_batch_tokens"] == 1000  # the CPU decodes in the training's batches
+    assert len(result["validation_seconds"]) == 2 and min(result["validation_seconds"]) > 0
+    cases = [(d["split"], d["beam"]) for d in result["decoding"]]
+    assert cases == [("test_2016_flickr", 1), ("test_2016_flickr", 3)]
+    assert all(d["sentences"] == 30 and d["sentences_per_s"] > 0 for d in result["decoding"])
+    markdown = out.with_suffix(".md").read_text()
+    assert (
+        "| 2 | " in markdown and "Greedy validation of" in markdown and "| test_2016_flickr | 3 |" in markdown
+    )

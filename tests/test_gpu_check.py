@@ -15,6 +15,7 @@ import pytest
 from helpers import ROOT, assert_one_error_line, load_script, write_lines
 
 gpu_check = load_script("gpu_check")
+benchmark = load_script("benchmark")
 
 WHEELS = {
     "hydra_core-1.3.8-py3-none-any.whl": 1000,
@@ -223,10 +224,12 @@ def test_the_report_is_assembled_from_its_pieces():
         Step("install", ["pip"], 0, 8.2),
         Step("facts", ["facts"], 0, 3.0),
         tests,
-        Step("benchmark", ["bench"], 0, 80.0, "log"),
+        Step("benchmark", [sys.executable, "scripts/benchmark.py", "train"], 0, 80.0, "log"),
+        Step("epochs", [sys.executable, "scripts/benchmark.py", "epochs"], -9, 120.0, '{"epoch": 1}', True),
     ]
     table = "| model | params |\n| --- | ---: |\n| rnn | 4,216,064 |\n"
-    report = gpu_check.render_report(FACTS, steps, table, 300.0)
+    tables = {"benchmark": table, "epochs": None}
+    report = gpu_check.render_report(FACTS, steps, tables, 300.0)
     assert report.startswith("# GPU check: FAILED\n")
     for expected in [
         "| GPU | NVIDIA H100 80GB HBM3, 79.2 GiB, compute capability 9.0 |",
@@ -240,16 +243,40 @@ def test_the_report_is_assembled_from_its_pieces():
         "FAILED tests/test_gpu.py::test_translate_py_runs_on_cuda[bfloat16] - AssertionError: BLEU 12.0",
         "1 failed, 3 passed, 1 skipped in 201.50s (0:03:21)",
         "<details><summary>pytest output</summary>",
-        "## Training throughput\n\n| model | params |",
+        "## Training throughput and MFU\n\n`python scripts/benchmark.py train`\n\n| model | params |",
+        # a measurement stopped at its time limit: what it printed so far
+        "| epochs | stopped at its time limit (120 s) | 120 |",
+        "## The first epochs, validation and decoding\n\n`python scripts/benchmark.py epochs`\n\n\n```text\n"
+        '{"epoch": 1}\n```',
         "300 s in all",
     ]:
         assert expected in report, expected
     tests.returncode = 0
-    assert gpu_check.render_report(FACTS, steps, table, 300.0).startswith("# GPU check: PASSED\n")
+    assert gpu_check.render_report(FACTS, steps[:-1], tables, 300.0).startswith("# GPU check: PASSED\n")
     skipped = [steps[0], steps[1], gpu_check.not_run("tests", "no CUDA device")]
-    report = gpu_check.render_report({**FACTS, "gpus": []}, skipped, None, 5.0)
+    report = gpu_check.render_report({**FACTS, "gpus": []}, skipped, {}, 5.0)
     assert report.startswith("# GPU check: FAILED\n") and "| tests | not run (no CUDA device) | 0 |" in report
     assert "| GPU | none visible to torch |" in report and "## Tests" not in report
+
+
+def test_the_measurements_run_the_benchmarks_on_cuda_with_their_tables_in_scratch(tmp_path):
+    bench = gpu_check.measure_command("benchmark", tmp_path, tmp_path / "scratch")
+    assert (
+        bench[1:3] == ["scripts/benchmark.py", "train"] and "transformer_base,trainer.compile=true" in bench
+    )
+    assert bench[bench.index("--device") + 1] == "cuda" and bench[bench.index("--out") + 1].endswith(
+        "benchmark"
+    )
+    epochs = gpu_check.measure_command("epochs", tmp_path, tmp_path / "scratch")
+    assert epochs[2] == "epochs" and epochs[epochs.index("--epochs") + 1] == "3"
+    assert epochs[-1] == f"data.cache_dir={tmp_path / 'scratch' / 'cache'}"
+    # every command line the check runs is one benchmark.py accepts
+    for command in (bench, epochs):
+        args = benchmark.parse_args(command[2:])
+        assert args.device == "cuda" and args.data == str((tmp_path / gpu_check.DATA).resolve())
+    # the steps' own limits fit the whole check's
+    assert gpu_check.MEASURE_RESERVE >= sum(gpu_check.SECONDS[name] for name in gpu_check.MEASUREMENTS)
+    assert gpu_check.SECONDS["tests"] + gpu_check.MEASURE_RESERVE <= gpu_check.TOTAL_SECONDS
 
 
 def test_run_refuses_a_folder_without_a_manifest(tmp_path, capsys):

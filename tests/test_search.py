@@ -18,6 +18,7 @@ from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
 from models.search import beam_search, greedy_search, output_limits, search
 from models.search_options import SearchOptionError, SearchOptions
+
 from helpers import HostReads
 
 V = 40

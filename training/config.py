@@ -84,6 +84,9 @@ class TrainerConfig:
     tf32: bool = True
     num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
     compile: bool = False  # torch.compile the model
+    # On CUDA, let the fused attention take cuDNN's kernels (common.device.attention_kernels): fast
+    # for shapes seen before, but a graph built for every new one; batches of varying lengths are.
+    cudnn_attention: bool = False
     # Processes that collate training batches ahead of the step (data/loading.py; 0: collated in
     # this process, between steps). The batches are the same either way.
     loader_workers: int = 0

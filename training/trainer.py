@@ -24,7 +24,14 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from common.device import autocast_for, pick_device, precision_name, set_tf32, set_threads
+from common.device import (
+    attention_kernels,
+    autocast_for,
+    pick_device,
+    precision_name,
+    set_tf32,
+    set_threads,
+)
 from data.batching import Batch, TokenBucketSampler, collate
 from data.config import DataConfig
 from data.corpus import TRAIN
@@ -107,6 +114,7 @@ class Trainer:
         # TF32 for the whole process, so that the backward pass has it too
         if self.device.type == "cuda":
             set_tf32(self.tc.tf32)
+            attention_kernels(self.device, cudnn=self.tc.cudnn_attention)
         self.autocast = autocast_for(self.device, self.tc.amp)
         self.precision = precision_name(self.device, self.tc.amp, self.tc.tf32)
         # DDP shares the parameters of self.model (saved, evaluated) and all-reduces their gradients.
@@ -129,7 +137,9 @@ class Trainer:
         self.resegmenter = resegmenter(self.data, data_cfg, cfg.seed)
         self.progress = Progress()
         self.ckpt_dir = self.out_dir / "checkpoints"
-        self.eval_batch_tokens = self.tc.eval_batch_tokens or batch_tokens_for(self.device, self.tc.batch_tokens)
+        self.eval_batch_tokens = self.tc.eval_batch_tokens or batch_tokens_for(
+            self.device, self.tc.batch_tokens
+        )
         self.board: Optional[Board] = None  # opened by fit(), closed by close()
         self.stop: Optional[StopRequest] = None  # the signals fit() was given to heed
         self.resumed = False  # whether resume() restored a checkpoint
