@@ -103,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="print the N best hypotheses as 'index ||| hypothesis ||| score'",
     )
-    add("--batch-size", type=int, default=64, help="sentences decoded together")
+    add(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="sentences decoded together (default: 64 on the CPU, 1024 on a GPU)",
+    )
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     add(
         "--dtype",
@@ -145,7 +150,7 @@ def check_args(args: argparse.Namespace) -> None:
         )
     except SearchOptionError as error:
         raise UsageError(f"{OPTION_FLAGS[error.name]} {error.value}: {error.problem}") from None
-    if args.batch_size < 1:
+    if args.batch_size is not None and args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
     if args.sentences and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")

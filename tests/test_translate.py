@@ -26,7 +26,7 @@ from common.checkpoint import load_checkpoint, save_checkpoint
 from data.corpus import read_lines
 from data.specials import EOS_ID
 from data.tokenizer import normalize
-from inference.translator import Translator, load_model
+from inference.translator import TorchEngine, Translator, default_batch_size, load_model
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO
 
 from helpers import ROOT, SPLIT, assert_one_error_line, translate, translate_process
@@ -408,3 +408,15 @@ def test_interactive_prompt_on_a_terminal(trained_synthetic_models, pairs):
     piped = translate_process("--checkpoint", checkpoint, "--beam", "2", stdin=pairs[0][0] + "\n")
     assert first == piped.stdout  # as piped input is translated, by a process like it
     assert process.returncode == 0 and "Ctrl-D" in err
+
+
+def test_a_gpu_decodes_in_larger_batches_by_default(trained_synthetic_models):
+    """64 sentences at a time on the CPU; a thousand on a GPU, where a search step costs about the
+    same for either (the engine's device decides, not whether this machine has a GPU)."""
+    trainer = trained_synthetic_models["rnn"][0]
+    assert default_batch_size(TorchEngine(trainer.model, torch.device("cpu"))) == 64
+    on_gpu = TorchEngine.__new__(TorchEngine)  # an engine whose model would run on a GPU
+    on_gpu.device = torch.device("cuda", 0)
+    assert default_batch_size(on_gpu) == 1024
+    ct2 = type("Engine", (), {"device": "cuda"})()  # CTranslate2's engine batches as it does
+    assert default_batch_size(ct2) == 64
