@@ -95,7 +95,8 @@ def top_log_probs(logits: Tensor, k: int, never: Tuple[int, ...]) -> Tuple[Tenso
     ``never`` (BOS, PAD: not outputs) are never chosen (the other tokens keep their probabilities:
     no renormalisation)."""
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # (R, V)
-    log_probs[:, list(never)] = float("-inf")
+    for token in never:  # a column at a time: a list as the index would be copied to the device first
+        log_probs[:, token] = float("-inf")
     return log_probs.topk(k, dim=-1)  # (R, k) each
 
 

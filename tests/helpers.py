@@ -433,8 +433,9 @@ HOST_READS = frozenset(
 
 
 class HostReads(torch.overrides.TorchFunctionMode):
-    """Counts, while active, the calls that make the host wait for a device's values (``HOST_READS``,
-    a tensor indexed by a boolean tensor): on the CPU they cost nothing, so a CPU test can count the
+    """Counts, while active, the calls that make the host wait for a device (``HOST_READS``; a tensor
+    indexed by a boolean tensor, whose result's size depends on its values, or by a Python list,
+    which is copied to the device first): on the CPU they cost nothing, so a CPU test can count the
     synchronisations a GPU would make. ``names`` lists them in order."""
 
     def __init__(self) -> None:
@@ -443,7 +444,8 @@ class HostReads(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in HOST_READS or (name == "__getitem__" and _bool_index(args[1] if len(args) > 1 else None)):
+        indexing = name in ("__getitem__", "__setitem__") and len(args) > 1
+        if name in HOST_READS or (indexing and _host_index(args[1])):
             self.names.append(name)
         return func(*args, **(kwargs or {}))
 
@@ -452,7 +454,10 @@ class HostReads(torch.overrides.TorchFunctionMode):
         return len(self.names)
 
 
-def _bool_index(index: Any) -> bool:
-    """Whether an index holds a boolean tensor (its result's size depends on the values)."""
+def _host_index(index: Any) -> bool:
+    """Whether an index holds a boolean tensor or a Python list."""
     parts = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(part, torch.Tensor) and part.dtype == torch.bool for part in parts)
+    return any(
+        isinstance(part, list) or (isinstance(part, torch.Tensor) and part.dtype == torch.bool)
+        for part in parts
+    )

@@ -289,6 +289,65 @@ def test_two_ranks_on_two_gpus_train_like_one_process_with_the_same_global_batch
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_search_on_cuda_waits_for_the_device_once_every_8_steps(family, beam, cuda_run, unseen):
+    """torch's own count of the synchronisations (``set_sync_debug_mode("warn")`` warns at each):
+    32 steps more cost 4 more, as the CPU test's count of host reads says (tests/test_search.py)."""
+    import warnings
+
+    from data.specials import BOS_ID, EOS_ID, PAD_ID
+    from models.search import SYNC_EVERY, search
+    from models.search_options import SearchOptions
+
+    trainer, _ = cuda_run(family, True)
+    model = trainer.model.eval()
+    ids = [row + [EOS_ID] for row in trainer.data.tokenizer.encode_src(unseen[:8])]
+    width = max(map(len, ids))
+    src = torch.tensor([row + [PAD_ID] * (width - len(row)) for row in ids], device="cuda")
+
+    def syncs(steps: int) -> int:
+        options = SearchOptions(beam_size=beam, max_len=steps)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                # never EOS: every sentence runs to max_len
+                search(NeverEnds(model, EOS_ID), src, src != PAD_ID, BOS_ID, EOS_ID, options, PAD_ID)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    assert SYNC_EVERY == 8
+    assert syncs(48) - syncs(16) == 4
+
+
+class NeverEnds(torch.nn.Module):
+    """A model whose EOS is never chosen (its logit is -1e4): every search runs to its limit."""
+
+    def __init__(self, model: torch.nn.Module, eos_id: int):
+        super().__init__()
+        self.model, self.eos_id = model, eos_id
+
+    def encode(self, src, src_mask, need_weights=False):
+        return self.model.encode(src, src_mask, need_weights)
+
+    def start_state(self, encoded):
+        return self.model.start_state(encoded)
+
+    def decode_step(self, tokens, state):
+        logits, state = self.model.decode_step(tokens, state)
+        logits[:, self.eos_id] = -1e4
+        return logits, state
+
+
+def test_attention_on_cuda_never_takes_cudnn_kernels(cuda_run):
+    """A training on CUDA turns cuDNN's attention off (a graph for every new shape)."""
+    cuda_run("transformer", True)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_decoding_on_cuda_agrees_with_the_cpu(family, cuda_run, unseen):
     """One checkpoint, greedy, float32 on both devices: the same text for nearly every sentence
     (the devices' kernels round differently, which may flip a near tie), on sentences the model
