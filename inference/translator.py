@@ -379,7 +379,7 @@ class Translator:
             max_len_ratio=max_len_ratio,
             max_len_extra=max_len_extra,
         )
-        batch_size = batch_size or default_batch_size(self.engine)
+        batch_size = default_batch_size(self.engine) if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}: must be at least 1")
         if alignments:

@@ -7,7 +7,8 @@ every ``sync_every`` steps (``_checked``: one synchronisation; on a GPU each rea
 device's queue to drain, so a loop that read every step would be bound by the round trips) and
 then drops the sentences whose search is over from the batch; between two reads their rows run
 on, ignored. On the CPU the host reads every step (it costs nothing there): the decoder never runs
-for a finished sentence. The interval never changes the output.
+for a finished sentence. The interval never changes a search's decisions (on a GPU, kernels chosen
+for another batch size may round the logits differently, as they may for any batch).
 
 Beam search keeps ``K`` live hypotheses per sentence in one ``(A * K)`` batch (``A`` sentences
 still searching). Each step it looks at the ``2K`` best one-token extensions: those that
@@ -32,8 +33,9 @@ the state that depend only on the source (``SOURCE_KEYS``) are not reordered.
 ``search(model, src, src_mask, bos_id, eos_id, options)`` is the one entry point of the rest of the
 project: greedy search for a beam of 1, else beam search. Its ``SearchOptions`` were checked when
 they were made, so nothing here checks them again. The live hypotheses of either search are one
-``_Live`` (decoder state, tokens, scores, history, the sentences they belong to), and
-each step of beam search's candidates one ``_Candidates``.
+``_Live`` (decoder state, tokens, scores, history, the sentences they belong to and whether each
+one's search goes on), each step of beam search's candidates one ``_Candidates``, and what a search
+has found ``_Outputs`` (greedy) or ``_Found`` (beam).
 """
 
 from dataclasses import dataclass
@@ -257,7 +259,7 @@ class _Found:
         before it with an equal score, and after the candidates to its left."""
         nbest, t = self.scores.size(1), tokens.size(2)
         held = self.tokens[sentences]  # (A, N, L)
-        new = torch.zeros_like(held[:, :1]).expand(-1, scores.size(1), -1).clone()  # (A, C, L)
+        new = held.new_zeros(held.size(0), scores.size(1), held.size(2))  # (A, C, L)
         new[:, :, :t] = tokens
         scores = torch.cat([self.scores[sentences], scores], dim=1)  # (A, N + C)
         best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :nbest]  # (A, N)
@@ -270,8 +272,8 @@ class _Found:
         self.scores[sentences] = scores.gather(1, best)
         self.lengths[sentences] = lengths.gather(1, best)
         self.finished[sentences] = flags.gather(1, best)
-        every = torch.cat([held, new], dim=1)  # (A, N + C, L)
-        self.tokens[sentences] = every.gather(1, best.unsqueeze(2).expand(-1, -1, every.size(2)))
+        both = torch.cat([held, new], dim=1)  # (A, N + C, L)
+        self.tokens[sentences] = both.gather(1, best.unsqueeze(2).expand(-1, -1, both.size(2)))
 
     def nth(self, sentences: Tensor) -> Tensor:
         """``(A,)`` the ``N``-th best score of each sentence (``-inf`` while fewer are found)."""
@@ -322,16 +324,16 @@ def _expand(live: _Live, logits: Tensor, beam: int, never: Tuple[int, ...], eos_
     return _Candidates(top, rows, tokens, tokens == eos_id)
 
 
-def _finish(step: _Candidates, live: _Live, t: int, options: SearchOptions, found: _Found) -> None:
+def _finish(step: _Candidates, live: _Live, t: int, penalty: Tensor, found: _Found) -> None:
     """Extensions by EOS that rank among the first ``K`` of a sentence still searching join its
-    found hypotheses.
+    found hypotheses, scored by ``penalty`` (``(L + 1,)``: the length penalty of each length).
 
     (Only the first ``K``: an EOS further down would not have survived pruning in a beam of ``K``.)
     """
-    beam, alive = options.beam_size, live.sentences.size(0)
+    alive, beam = step.scores.size(0), step.scores.size(1) // 2
     top = step.scores[:, :beam]  # (A, K)
     accepted = step.is_eos[:, :beam] & torch.isfinite(top) & live.searching.unsqueeze(1)  # (A, K)
-    scores = torch.where(accepted, top.double() / length_penalty(t, options.alpha), float("-inf"))
+    scores = torch.where(accepted, top.double() / penalty[t], float("-inf"))
     tokens = live.history.index_select(0, step.rows[:, :beam].reshape(-1)).view(alive, beam, t - 1)
     found.add(live.sentences, scores, tokens, finished=True)
 
@@ -359,25 +361,21 @@ def _advance(live: _Live, state: Any, step: _Candidates, beam: int) -> _Live:
     return _Live(state, tokens, scores, history, live.sentences, live.searching, beam)
 
 
-def _end_searches(
-    live: _Live, limits: Tensor, penalties: Tensor, t: int, options: SearchOptions, found: _Found
-) -> None:
+def _end_searches(live: _Live, limits: Tensor, t: int, penalty: Tensor, found: _Found) -> None:
     """Mark the searches that are over after step ``t`` (the rules in the module docstring); a
-    sentence that reached its length limit gets its live hypotheses, as unfinished ones. ``limits``
-    ``(B,)`` and the length penalty at them, ``penalties`` ``(B,)``."""
-    beam, alive = options.beam_size, live.sentences.size(0)
+    sentence that reached its length limit (``limits`` ``(B,)``) gets its live hypotheses, as
+    unfinished ones. ``penalty`` ``(L + 1,)``: the length penalty of each length."""
+    alive = live.sentences.size(0)
     limit = limits[live.sentences]  # (A,)
-    scores = live.scores.view(alive, beam)  # (A, K), best first
+    scores = live.scores.view(alive, live.width)  # (A, K), best first
     # the best normalised score a live hypothesis can reach (float64, as the found scores)
-    bound = scores[:, 0].double() / penalties[live.sentences]  # (A,)
+    bound = scores[:, 0].double() / penalty[limit]  # (A,)
     at_limit = live.searching & (limit <= t)  # (A,)
     unfinished = torch.where(
-        at_limit.unsqueeze(1) & (scores > float("-inf")),
-        scores.double() / length_penalty(t, options.alpha),
-        float("-inf"),
+        at_limit.unsqueeze(1) & (scores > float("-inf")), scores.double() / penalty[t], float("-inf")
     )  # (A, K)
     over = at_limit | (found.nth(live.sentences) >= bound)  # (A,)
-    found.add(live.sentences, unfinished, live.history.view(alive, beam, t), finished=False)
+    found.add(live.sentences, unfinished, live.history.view(alive, live.width, t), finished=False)
     live.searching = live.searching & ~over
 
 
@@ -398,8 +396,10 @@ def beam_search(
     device, beam = src.device, options.beam_size
     limit_list = output_limits(src_mask, options, getattr(model, "max_positions", None))
     limits, last = torch.tensor(limit_list, device=device), max(limit_list)  # (B,)
-    penalty_list = [length_penalty(n, options.alpha) for n in limit_list]
-    penalties = torch.tensor(penalty_list, dtype=torch.float64, device=device)  # (B,)
+    # (L + 1,) the length penalty of each length, divided by on the device: a true division, as the
+    # host's (a tensor divided by a Python float is a multiplication by its inverse on CUDA)
+    penalty_list = [length_penalty(n, options.alpha) for n in range(last + 1)]
+    penalty = torch.tensor(penalty_list, dtype=torch.float64, device=device)
     every = sync_every or sync_interval(device)
     found = _Found.empty(src.size(0), options.nbest, last, device)
     # the first step extends one hypothesis per sentence
@@ -408,9 +408,9 @@ def beam_search(
         assert live is not None
         logits, state = model.decode_step(live.tokens, live.state)  # (A * width, V)
         step = _expand(live, logits, beam, (bos_id, pad_id), eos_id)  # (A, 2K) each
-        _finish(step, live, t, options, found)
+        _finish(step, live, t, penalty, found)
         live = _advance(live, state, step, beam)  # (A * K) rows
-        _end_searches(live, limits, penalties, t, options, found)
+        _end_searches(live, limits, t, penalty, found)
         live = _checked(live, t, last, every)  # (A' * K) rows
         if live is None:
             break

@@ -304,11 +304,11 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         epoch_tokens = int(
             trainer.data.datasets[TRAIN].tgt_lengths().sum()
         )  # target tokens + EOS of one epoch
-        use = utilisation(trainer, tokens / seconds)
         if trainer.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(trainer.device)
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+        use = utilisation(trainer, tokens / seconds)  # after the peak: its passes are not training's
         return {
             "model": args.model,
             "params": trainer.params,

@@ -341,6 +341,23 @@ class NeverEnds(torch.nn.Module):
         return logits, state
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_flops_of_a_step_on_cuda_are_the_cpus(family, cuda_run):
+    """The model FLOPs counted on CUDA (bf16 autocast, cuDNN's RNN and fused attention kernels at
+    hand) equal the CPU's count of the same batches (training/efficiency.py)."""
+    import copy
+    from contextlib import nullcontext
+
+    from training.efficiency import step_flops
+
+    trainer, _ = cuda_run(family, True)
+    batches = [trainer.collate(b, 0) for b in list(trainer.sampler)[:2]]
+    on_cuda = step_flops(trainer.model, batches, trainer.tc, trainer.world, trainer.device, trainer.autocast)
+    cpu_model = copy.deepcopy(trainer.model).cpu()
+    on_cpu = step_flops(cpu_model, batches, trainer.tc, trainer.world, torch.device("cpu"), nullcontext)
+    assert on_cuda == on_cpu > 0
+
+
 def test_attention_on_cuda_never_takes_cudnn_kernels(cuda_run):
     """A training on CUDA turns cuDNN's attention off (a graph for every new shape)."""
     cuda_run("transformer", True)

@@ -327,6 +327,8 @@ def test_the_interval_of_reads_never_changes_the_output(family, beam):
 
     def found(every: int):
         hyps = search(model, src, src_mask, BOS_ID, EOS_ID, options, sync_every=every)
+        # scores to 5 places: a finished row that runs on changes the batch's size, and a matrix
+        # product's kernel (so its last bits) may depend on that; the CPU's default reads every step
         return [[(h.tokens, round(h.score, 5), h.finished) for h in sentence] for sentence in hyps]
 
     each_step = found(1)

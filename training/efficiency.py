@@ -3,7 +3,7 @@ model FLOP utilisation (MFU) and where a step's time goes (a profile's split).
 
 - **FLOPs** are counted, not estimated: ``torch.utils.flop_counter.FlopCounterMode`` adds up the
   matrix products of a forward and backward pass (linear layers, attention's ``Q K^T`` and
-  ``weights V``, the output projection) on real batches, two FLOPs per multiply-add; the backward
+  ``weights V``, the recurrences, the output projection) on real batches, two FLOPs per multiply-add; the backward
   pass costs twice the forward. Elementwise work (softmax, layer norm, the optimizer) is not
   counted, as MFU is usually defined. Padding positions are computed, so they count.
 - **MFU** = the model FLOPs a second / the device's dense peak in the precision the matrix products
@@ -32,6 +32,7 @@ PEAK_TFLOPS: Tuple[Tuple[str, Dict[str, float]], ...] = (
     ("H100 PCIe", {"bfloat16": 756.5, "tf32": 378.0, "float32": 51.2}),
     ("H100 NVL", {"bfloat16": 835.5, "tf32": 417.5, "float32": 60.0}),
     ("H100", {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9}),  # SXM5 (80GB HBM3)
+    ("H200 NVL", {}),  # not in this table: no MFU rather than another card's
     ("H200", {"bfloat16": 989.4, "tf32": 494.7, "float32": 66.9}),
     ("A100", {"bfloat16": 312.0, "tf32": 156.0, "float32": 19.5}),
 )
@@ -65,8 +66,10 @@ def step_flops(
     """The FLOPs of a forward and backward pass over each of ``batches``, added up (the gradients
     are dropped after: nothing is learnt)."""
     # attention through the math path: its matrix products are counted on any device, and they
-    # are the model's (a fused kernel's backward recomputes Q K^T, which is not)
-    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+    # are the model's (a fused kernel's backward recomputes Q K^T, which is not); the RNNs without
+    # cuDNN, whose fused recurrence the counter does not know (on the CPU they are matrix products)
+    math = sdpa_kernel(SDPBackend.MATH)
+    with FlopCounterMode(display=False) as counter, math, torch.backends.cudnn.flags(enabled=False):
         for batch in batches:
             accumulate_gradients(model, [batch], tc, world, device, autocast)
     model.zero_grad(set_to_none=True)
@@ -122,7 +125,13 @@ def profiled_kernels(run: Callable[[], None]) -> Tuple[List[Tuple[str, float, fl
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # the device's kernels, not the ranges the profiler annotates them with (an optimizer step, a
+    # compiled region), whose spans cover the gaps between kernels
+    events = [
+        e
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
     kernels = [(e.name, e.time_range.start / 1e6, e.time_range.end / 1e6) for e in events]
     steps = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
     start = min((e.time_range.start for e in steps), default=0) / 1e6
