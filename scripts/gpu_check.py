@@ -437,11 +437,63 @@ def versions_table(facts: Dict[str, Any]) -> List[str]:
     return ["| | |", "| --- | --- |", *[f"| {key} | {value} |" for key, value in rows]]
 
 
+def target_rows(results: Dict[str, Any]) -> List[str]:
+    """The targets of a GPU's speed (one H100) against the measurements' JSON ``results`` (by step
+    name), a table row each: what was aimed at, what was measured, whether it was met."""
+    rows = []
+
+    def row(target: str, measured: Optional[float], text: str, met: bool) -> None:
+        rows.append(
+            f"| {target} | {text if measured is not None else 'not measured'} | "
+            f"{('yes' if met else 'no') if measured is not None else '-'} |"
+        )
+
+    for r in (results.get("benchmark") or {}).get("rows", []):
+        if r["model"].split(",")[0] == "transformer_base" and r["precision"] == "bfloat16" and r.get("mfu"):
+            kind = "compiled" if r["compile"] else "eager"
+            row(
+                f"transformer_base bf16 ({kind}) MFU >= 35% (moonshot 50%)",
+                r["mfu"],
+                f"{100 * r['mfu']:.1f}%",
+                r["mfu"] >= 0.35,
+            )
+    epochs = results.get("epochs") or {}
+    if epochs:
+        ratio = epochs["first_to_last"]
+        row(
+            "first epoch within 1.5x of the steady rate",
+            ratio,
+            f"first / last rate {ratio:.2f}",
+            ratio >= 1 / 1.5,
+        )
+        cold, warm = epochs["validation_seconds"]
+        row(
+            f"greedy validation of {epochs['validation_sentences']} sentences < 2 s",
+            warm,
+            f"{warm:.2f} s warm, {cold:.2f} s cold",
+            warm < 2,
+        )
+        for d in epochs["decoding"]:
+            if d["beam"] == 5:
+                row(
+                    f"beam-5 decoding of {d['split']} < 3 s",
+                    d["seconds"],
+                    f"{d['seconds']:.2f} s",
+                    d["seconds"] < 3,
+                )
+    return rows
+
+
 def render_report(
-    facts: Dict[str, Any], steps: Sequence[Step], tables: Dict[str, Optional[str]], seconds: float
+    facts: Dict[str, Any],
+    steps: Sequence[Step],
+    tables: Dict[str, Optional[str]],
+    seconds: float,
+    results: Optional[Dict[str, Any]] = None,
 ) -> str:
     """The Markdown report: verdict, machine and versions, steps, test summary and output, the
-    measurements' ``tables`` (by step name; None: the step's last output lines instead)."""
+    targets against the measurements' JSON ``results`` (by step name), the measurements' ``tables``
+    (by step name; None: the step's last output lines instead)."""
     verdict = "PASSED" if steps and all(s.ok for s in steps) else "FAILED"
     by_name = {s.name: s for s in steps}
     lines = [
@@ -475,6 +527,9 @@ def render_report(
         lines += ["", "## Tests", "", f"`{' '.join(['python', *tests.command[1:]])}`", "", "```text"]
         lines += [*pytest_summary(tests.output), "```", "", "<details><summary>pytest output</summary>", ""]
         lines += ["```text", *tail(tests.output, OUTPUT_LINES), "```", "", "</details>"]
+    targets = target_rows(results or {})
+    if targets:
+        lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |", *targets]
     for name, heading in MEASUREMENTS.items():
         step = by_name.get(name)
         if step is None or step.returncode is None:
@@ -509,6 +564,7 @@ def run_check(bundle: Path, report: Path) -> int:
     steps = [run_step("install", install_command(bundle, content), env, time_for("install", deadline))]
     facts: Dict[str, Any] = {}
     tables: Dict[str, Optional[str]] = {}
+    results: Dict[str, Any] = {}
     if steps[0].ok:
         command = [sys.executable, str(Path(__file__).resolve()), "facts"]
         steps.append(run_step("facts", command, env, time_for("facts", deadline)))
@@ -530,7 +586,9 @@ def run_check(bundle: Path, report: Path) -> int:
                 # of what it measured (the epochs benchmark prints each epoch's line as it ends)
                 table = Path(scratch) / f"{name}.md"
                 tables[name] = table.read_text() if table.is_file() else None
-    report.write_text(render_report(facts, steps, tables, time.monotonic() - start))
+                data = table.with_suffix(".json")
+                results[name] = json.loads(data.read_text()) if data.is_file() else None
+    report.write_text(render_report(facts, steps, tables, time.monotonic() - start, results))
     passed = all(s.ok for s in steps)
     print(f"gpu_check: {'PASSED' if passed else 'FAILED'}; report: {report}", flush=True)
     return 0 if passed else 1

@@ -259,6 +259,47 @@ def test_the_report_is_assembled_from_its_pieces():
     assert "| GPU | none visible to torch |" in report and "## Tests" not in report
 
 
+def test_the_report_puts_the_targets_beside_what_was_measured():
+    bench = {
+        "rows": [
+            {"model": "transformer_base", "precision": "bfloat16", "compile": False, "mfu": 0.312},
+            {
+                "model": "transformer_base,trainer.amp=false",
+                "precision": "tf32",
+                "compile": False,
+                "mfu": 0.2,
+            },
+            {
+                "model": "transformer_base,trainer.compile=true",
+                "precision": "bfloat16",
+                "compile": True,
+                "mfu": 0.41,
+            },
+        ]
+    }
+    epochs = {
+        "first_to_last": 0.8,
+        "validation_sentences": 1014,
+        "validation_seconds": [2.6, 1.25],
+        "decoding": [
+            {"split": "test_2016_flickr", "beam": 1, "seconds": 0.9},
+            {"split": "test_2016_flickr", "beam": 5, "seconds": 3.4},
+        ],
+    }
+    assert gpu_check.target_rows({"benchmark": bench, "epochs": epochs}) == [
+        "| transformer_base bf16 (eager) MFU >= 35% (moonshot 50%) | 31.2% | no |",
+        "| transformer_base bf16 (compiled) MFU >= 35% (moonshot 50%) | 41.0% | yes |",
+        "| first epoch within 1.5x of the steady rate | first / last rate 0.80 | yes |",
+        "| greedy validation of 1014 sentences < 2 s | 1.25 s warm, 2.60 s cold | yes |",
+        "| beam-5 decoding of test_2016_flickr < 3 s | 3.40 s | no |",
+    ]
+    report = gpu_check.render_report(FACTS, [], {}, 1.0, {"benchmark": None, "epochs": epochs})
+    assert "## Targets\n\n| target | measured | met |" in report and "| 3.40 s | no |" in report
+    assert "## Targets" not in gpu_check.render_report(
+        FACTS, [], {}, 1.0, {"benchmark": None, "epochs": None}
+    )
+
+
 def test_the_measurements_run_the_benchmarks_on_cuda_with_their_tables_in_scratch(tmp_path):
     bench = gpu_check.measure_command("benchmark", tmp_path, tmp_path / "scratch")
     assert (
