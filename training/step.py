@@ -32,8 +32,9 @@ def label_smoothed_nll(
     ``(1 - eps) * NLL + eps * mean_v(-log p_v)``: the cross-entropy against a target distribution
     that puts ``1 - eps`` on the reference token and spreads ``eps`` uniformly over the vocabulary.
 
-    Returns (smoothed loss sum, NLL sum, number of target tokens), scalars on the logits' device
-    (no host sync); the NLL gives perplexity.
+    Returns (smoothed loss sum, NLL sum, number of target tokens), scalars on the logits' device;
+    the NLL gives perplexity. (``masked_select``'s size depends on the mask's values, so on CUDA it
+    waits for the device: twice a batch.)
     """
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     keep = target != pad_id  # (B, T)
