@@ -218,15 +218,16 @@ def greedy_search(
         assert live is not None
         logits, live.state = model.decode_step(live.tokens, live.state)  # (A, V)
         best, tokens = top_log_probs(logits, 1, (bos_id, pad_id))  # (A, 1) each
-        on, rows = live.searching, live.sentences  # (A,) each
-        live.tokens, live.scores = tokens[:, 0], torch.where(on, live.scores + best[:, 0], live.scores)
-        out.tokens[rows, t - 1] = torch.where(on, live.tokens, pad_id)
-        out.scores[rows] = torch.where(on, live.scores, out.scores[rows])
-        out.lengths[rows] = torch.where(on, t, out.lengths[rows])
+        on, rows = live.searching, live.sentences  # (A,) each: the rows of a finished search are ignored
+        live.tokens = tokens[:, 0]  # (A,)
+        live.scores = torch.where(on, live.scores + best[:, 0], live.scores)  # (A,)
+        out.tokens[rows, t - 1] = torch.where(on, live.tokens, pad_id)  # (A,) into (B, L)
+        out.scores[rows] = torch.where(on, live.scores, out.scores[rows])  # (A,) into (B,)
+        out.lengths[rows] = torch.where(on, t, out.lengths[rows])  # (A,) into (B,)
         ended = on & (live.tokens == eos_id)  # (A,)
-        out.ended[rows] |= ended
-        live.searching = on & ~ended & (limits[rows] > t)
-        live = _checked(live, t, last, every)
+        out.ended[rows] |= ended  # (A,) into (B,)
+        live.searching = on & ~ended & (limits[rows] > t)  # (A,)
+        live = _checked(live, t, last, every)  # (A',) rows
         if live is None:
             break
     return out.hypotheses()
@@ -260,20 +261,20 @@ class _Found:
         nbest, t = self.scores.size(1), tokens.size(2)
         held = self.tokens[sentences]  # (A, N, L)
         new = held.new_zeros(held.size(0), scores.size(1), held.size(2))  # (A, C, L)
-        new[:, :, :t] = tokens
+        new[:, :, :t] = tokens  # (A, C, t) into (A, C, L)
         scores = torch.cat([self.scores[sentences], scores], dim=1)  # (A, N + C)
         best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :nbest]  # (A, N)
         lengths = torch.cat(
             [self.lengths[sentences], torch.full_like(scores[:, nbest:], t, dtype=torch.long)], 1
-        )
+        )  # (A, N + C)
         flags = torch.cat(
             [self.finished[sentences], torch.full_like(lengths[:, nbest:], finished, dtype=torch.bool)], 1
-        )
-        self.scores[sentences] = scores.gather(1, best)
-        self.lengths[sentences] = lengths.gather(1, best)
-        self.finished[sentences] = flags.gather(1, best)
+        )  # (A, N + C)
+        self.scores[sentences] = scores.gather(1, best)  # (A, N)
+        self.lengths[sentences] = lengths.gather(1, best)  # (A, N)
+        self.finished[sentences] = flags.gather(1, best)  # (A, N)
         both = torch.cat([held, new], dim=1)  # (A, N + C, L)
-        self.tokens[sentences] = both.gather(1, best.unsqueeze(2).expand(-1, -1, both.size(2)))
+        self.tokens[sentences] = both.gather(1, best.unsqueeze(2).expand(-1, -1, both.size(2)))  # (A, N, L)
 
     def nth(self, sentences: Tensor) -> Tensor:
         """``(A,)`` the ``N``-th best score of each sentence (``-inf`` while fewer are found)."""
