@@ -11,40 +11,22 @@ from helpers import ROOT, load_script
 pytestmark = pytest.mark.slow  # a real benchmark run (and a trained model)
 
 
+def benchmark(*args) -> subprocess.CompletedProcess:
+    """``scripts/benchmark.py ARGS`` in a process of its own (each argument as a string)."""
+    command = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
 def test_train_benchmark_measures_throughput_memory_and_decoding(
     multi30k_slice, trained_synthetic_models, tmp_path
 ):
     _, checkpoint, _ = trained_synthetic_models["rnn"]  # any RNN checkpoint: its decoding is timed
     out = tmp_path / "bench"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "benchmark.py"),
-            "train",
-            "--data",
-            str(multi30k_slice),
-            "--models",
-            "tiny_rnn",
-            "--warmup",
-            "1",
-            "--steps",
-            "2",
-            "--batch-tokens",
-            "1000",
-            "--checkpoint",
-            f"rnn={checkpoint}",
-            "--beams",
-            "1",
-            "--out",
-            str(out),
-            "--",
-            f"data.cache_dir={tmp_path / 'cache'}",
-            "data.vocab_size=500",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = benchmark(
+        "train", "--data", multi30k_slice, "--models", "tiny_rnn", "--warmup", 1, "--steps", 2,
+        "--batch-tokens", 1000, "--checkpoint", f"rnn={checkpoint}", "--beams", 1, "--out", out,
+        "--", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=500",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(out.with_suffix(".json").read_text())
     (row,) = result["rows"]
@@ -93,31 +75,11 @@ def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
 
 def test_epochs_benchmark_times_each_epoch_then_validation_and_test_decoding(multi30k_slice, tmp_path):
     out = tmp_path / "epochs"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "benchmark.py"),
-            "epochs",
-            "--data",
-            str(multi30k_slice),
-            "--model",
-            "tiny_transformer",
-            "--epochs",
-            "2",
-            "--beams",
-            "1",
-            "3",
-            "--out",
-            str(out),
-            "--",
-            f"data.cache_dir={tmp_path / 'cache'}",
-            "data.vocab_size=500",
-            "trainer.batch_tokens=1000",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = benchmark(
+        "epochs", "--data", multi30k_slice, "--model", "tiny_transformer", "--epochs", 2, "--beams", 1, 3,
+        "--out", out, "--", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=500",
+        "trainer.batch_tokens=1000",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(out.with_suffix(".json").read_text())
     assert [e["epoch"] for e in result["epochs"]] == [1, 2]
