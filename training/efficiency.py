@@ -3,9 +3,10 @@ model FLOP utilisation (MFU) and where a step's time goes (a profile's split).
 
 - **FLOPs** are counted, not estimated: ``torch.utils.flop_counter.FlopCounterMode`` adds up the
   matrix products of a forward and backward pass (linear layers, attention's ``Q K^T`` and
-  ``weights V``, the recurrences, the output projection) on real batches, two FLOPs per multiply-add; the backward
-  pass costs twice the forward. Elementwise work (softmax, layer norm, the optimizer) is not
-  counted, as MFU is usually defined. Padding positions are computed, so they count.
+  ``weights V``, the recurrences, the output projection) on real batches, two FLOPs per
+  multiply-add; the backward pass costs twice the forward. Elementwise work (softmax, layer norm,
+  the optimizer) is not counted, as MFU is usually defined. Padding positions are computed, so
+  they count.
 - **MFU** = the model FLOPs a second / the device's dense peak in the precision the matrix products
   run in (``PEAK_TFLOPS``: NVIDIA's data sheets, without sparsity). None where the peak is unknown
   (the CPU).
