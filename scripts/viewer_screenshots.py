@@ -49,6 +49,7 @@ import urllib.parse
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Sequence
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -91,8 +92,8 @@ def get_json(url: str):
 
 
 @contextmanager
-def tensorboard(logdir: Path, log: Path):
-    """The address of the venv's ``tensorboard`` on ``logdir``, once the plugin lists ``RUNS``."""
+def tensorboard(logdir: Path, log: Path, runs: Sequence[str] = RUNS):
+    """The address of the venv's ``tensorboard`` on ``logdir``, once the plugin lists ``runs``."""
     exe = Path(sys.executable).parent / "tensorboard"
     port = free_port()
     with open(log, "wb") as out:
@@ -104,14 +105,14 @@ def tensorboard(logdir: Path, log: Path):
     url = f"http://127.0.0.1:{port}"
     try:
         found, deadline = set(), time.monotonic() + 120
-        while not set(RUNS) <= found and time.monotonic() < deadline and server.poll() is None:
+        while not set(runs) <= found and time.monotonic() < deadline and server.poll() is None:
             try:
                 found = {r["run"] for r in get_json(f"{url}/data/plugin/nmt_attention/runs")}
             except OSError:
                 pass
             time.sleep(1)
-        if not set(RUNS) <= found:
-            sys.exit(f"tensorboard lists runs {sorted(found)}, not {list(RUNS)}; its log: {log}")
+        if not set(runs) <= found:
+            sys.exit(f"tensorboard lists runs {sorted(found)}, not {list(runs)}; its log: {log}")
         yield url
     finally:
         server.terminate()

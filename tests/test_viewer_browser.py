@@ -20,8 +20,6 @@ import os
 import re
 import shutil
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
@@ -124,38 +122,18 @@ def write_gold_run(folder: Path) -> None:
     board.close()
 
 
-SERVER = load_script("viewer_screenshots")  # free_port, get_json: the screenshots' own server helpers
-free_port, get_json = SERVER.free_port, SERVER.get_json
+SERVER = load_script("viewer_screenshots")  # tensorboard, get_json: the screenshots' own server helpers
+get_json = SERVER.get_json
 
 
 @pytest.fixture(scope="module")
 def board(logdir, tmp_path_factory):
     """The address of a real ``tensorboard`` serving ``logdir``, once the plugin lists its three runs."""
-    port = free_port()
     log = tmp_path_factory.mktemp("tensorboard") / "tensorboard.log"
-    exe = Path(sys.executable).parent / "tensorboard"
-    with open(log, "wb") as out:
-        server = subprocess.Popen(
-            [str(exe), "--logdir", str(logdir), "--host", "127.0.0.1", "--port", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        runs, deadline = [], time.monotonic() + 60
-        while time.monotonic() < deadline and len(runs) < 3 and server.poll() is None:
-            try:
-                runs = get_json(f"{url}/data/plugin/nmt_attention/runs")
-            except OSError:
-                pass
-            time.sleep(0.5)
-        assert [r["run"] for r in runs] == ["rnn", "transformer", "with_gold"], log.read_text(
-            errors="replace"
-        )[-3000:]
+    runs = ["rnn", "transformer", "with_gold"]
+    with SERVER.tensorboard(logdir, log, runs) as url:
+        assert [r["run"] for r in get_json(f"{url}/data/plugin/nmt_attention/runs")] == runs
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def written(logdir: Path, run: str, tag: str = TAG):
