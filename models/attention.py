@@ -6,24 +6,18 @@ the weighted sum of the values::
 
     weights_i = softmax_i(a(q, k_i))        output = sum_i weights_i * v_i
 
-The functions differ only in ``a`` and in how many heads run it:
+The functions differ only in ``a`` and in how many heads run it. Each class documents its own
+score, parameters and cost in time and memory; in order:
 
-===================  =================================  ====================================  ==============
-class                score ``a(q, k)``                  parameters                            scores held
-===================  =================================  ====================================  ==============
-AdditiveAttention    ``w_v^T tanh(W_q q + W_k k)``      ``W_q, W_k`` (``D_in x d_a``), ``w_v``  ``(T, S, d_a)``
-GeneralAttention     ``q^T W k``                        ``W`` (``D_query x D_key``)             ``(T, S)``
-ScaledDotAttention   ``(W_q q)^T (W_k k) / sqrt(d_k)``  ``W_q, W_k`` (``D_in x d_k``)           ``(T, S)``
-MultiHeadAttention   H heads of scaled dot, ``W_O``     ``W_Q, W_K, W_V, W_O``                 ``(H, T, S)``
-MultiHeadAdditive..  H heads of additive, ``W_O``       those and ``w_v`` per head            ``(H, T, S, d_k)``
-===================  =================================  ====================================  ==============
+- ``AdditiveAttention``: the additive score of Bahdanau et al. (2015), one head;
+- ``GeneralAttention``: Luong et al.'s (2015) bilinear score, one head;
+- ``ScaledDotAttention``: the scaled dot product of Vaswani et al. (2017), one head;
+- ``MultiHeadAttention``: ``H`` heads of the scaled dot product, mixed by ``W_O``;
+- ``MultiHeadAdditiveAttention``: ``H`` heads of the additive score, mixed by ``W_O``.
 
-The first three are single-head and return a weighted sum of the values as they are (the RNN's
-encoder states: Bahdanau's data flow); the multi-head ones project the values into ``H`` heads and
-mix the heads with ``W_O`` (Vaswani et al. 2017, section 3.2.2). Time grows as ``T S`` times the
-work per (query, key) pair: ``d_a`` for additive (a tanh per hidden unit), ``d_k`` for a dot
-product; memory as the scores held for the backward pass, which is where additive attention pays:
-its ``tanh`` layer materialises a ``(T, S, d_a)`` tensor per head where a dot product has ``(T, S)``.
+The single-head ones return a weighted sum of the values as they are (the RNN's encoder states:
+Bahdanau's data flow); the multi-head ones project the values into ``H`` heads and mix the heads
+with ``W_O`` (Vaswani et al. 2017, section 3.2.2).
 
 Every class has the same interface, so a decoder or layer does not change with the choice:
 
@@ -44,7 +38,8 @@ empty source) gets zero weights and a zero output instead of ``softmax([-inf, ..
 with finite gradients. ``causal=True`` asks for the lower triangle of ``causal_mask`` without
 a mask tensor, so that the fused path can pass ``is_causal`` to the kernel (CUDA's flash-attention
 kernel takes no ``attn_mask``); it is defined only for as many queries as keys (a full pass, no
-cache). These guards are written once, after the classes.
+cache). These guards come after the classes, each written once: ``attention_mask`` decides the
+mask of every attention, ``open_empty_rows`` guards the empty rows of both paths.
 
 Weights are returned, never stored on the module, and are the softmax output *before* attention
 dropout (dropout is a training-time perturbation; the returned rows sum to 1).
@@ -164,7 +159,7 @@ class SingleHeadAttention(AttentionFunction):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Attend from ``query`` ``(B, T, D_query)`` to ``project_kv``'s ``k``, ``v``: context
         ``(B, T, D_value)`` and weights ``(B, 1, T, S)`` (None unless ``need_weights``)."""
-        mask = checked_mask(mask, query.size(1), k.size(2), causal, query.device)
+        mask, _ = attention_mask(mask, query.size(1), k.size(2), causal, query.device)
         q = self.project_query(query).unsqueeze(1)  # (B, 1, T, .)
         dropout_p = self.dropout_p if self.training else 0.0
         context, weights = weighted_values(
@@ -178,15 +173,15 @@ class AdditiveAttention(SingleHeadAttention):
     """Additive (Bahdanau et al. 2015, appendix A.1.2): ``a(q, k) = w_v^T tanh(W_q q + W_k k)``.
 
     Parameters: ``W_q`` (``D_query x d_a``), ``W_k`` (``D_key x d_a``), ``w_v`` (``d_a``), no biases;
-    ``d_a`` is ``hidden_size`` (``model.attention_size``). Query and key sizes may differ. Cost:
+    ``d_a`` is the attention's hidden size (``model.attention_size``). Query and key sizes may differ. Cost:
     ``T S d_a`` tanh units, held for the backward pass: a ``(B, T, S, d_a)`` tensor.
     """
 
-    def __init__(self, query_size: int, key_size: int, hidden_size: int, dropout: float = 0.0):
+    def __init__(self, query_size: int, key_size: int, d_a: int, dropout: float = 0.0):
         super().__init__(dropout)
-        self.query_proj = nn.Linear(query_size, hidden_size, bias=False)  # W_q
-        self.key_proj = nn.Linear(key_size, hidden_size, bias=False)  # W_k
-        self.score_proj = nn.Linear(hidden_size, 1, bias=False)  # w_v
+        self.query_proj = nn.Linear(query_size, d_a, bias=False)  # W_q
+        self.key_proj = nn.Linear(key_size, d_a, bias=False)  # W_k
+        self.score_proj = nn.Linear(d_a, 1, bias=False)  # w_v
 
     def project_query(self, query: Tensor) -> Tensor:
         return self.query_proj(query)  # (B, T, d_a)
@@ -265,6 +260,8 @@ class MultiHeadAttention(AttentionFunction):
     keys and values, extend them with new steps (``torch.cat`` on dim 2) and pass them to ``attend``.
     """
 
+    fused_kernel = True  # PyTorch's fused attention computes this score
+
     def __init__(
         self,
         d_model: int,
@@ -278,7 +275,7 @@ class MultiHeadAttention(AttentionFunction):
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.n_heads = n_heads
-        self.d_head = d_model // n_heads
+        self.d_k = d_model // n_heads
         self.dropout_p = dropout
         self.q_proj = nn.Linear(query_size or d_model, d_model)  # W_Q, every head's
         self.k_proj = nn.Linear(key_size or d_model, d_model)  # W_K
@@ -295,12 +292,12 @@ class MultiHeadAttention(AttentionFunction):
     def split_heads(self, x: Tensor) -> Tensor:
         """``(B, T, H d_k)`` -> ``(B, H, T, d_k)``."""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, d_k)
+        return x.view(batch, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         """``(B, H, T, d_k)`` -> ``(B, T, H d_k)``."""
         batch, _, length, _ = x.shape
-        return x.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_head)  # (B, T, H d_k)
+        return x.transpose(1, 2).reshape(batch, length, self.n_heads * self.d_k)  # (B, T, H d_k)
 
     def project_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
         """``(B, S, D_key)`` key and value -> per-head keys and values, each ``(B, H, S, d_k)``."""
@@ -324,12 +321,12 @@ class MultiHeadAttention(AttentionFunction):
     ) -> Tuple[Tensor, Optional[Tensor]]:
         """Attend from ``query`` ``(B, T, D_query)`` to projected ``k``, ``v`` ``(B, H, S, d_k)``.
 
-        ``causal`` hides later keys without a mask tensor (see ``scaled_dot_product_fused``); it
-        needs ``T == S``, so it is for a full pass, not for queries after cached keys.
-        Returns output ``(B, T, D_out)`` and weights ``(B, H, T, S)`` (None unless ``need_weights``).
+        ``causal`` hides later keys (``attention_mask``); it needs ``T == S``, so it is for a full
+        pass, not for queries after cached keys. Returns output ``(B, T, D_out)`` and weights
+        ``(B, H, T, S)`` (None unless ``need_weights``).
         """
-        if mask is not None:  # one mask, so that the zeroing below also sees rows that causality empties
-            mask, causal = checked_mask(mask, query.size(1), k.size(2), causal, query.device), False
+        fused = self.fused_kernel and not need_weights  # the kernel takes the triangle as a flag
+        mask, causal = attention_mask(mask, query.size(1), k.size(2), causal, query.device, fused)
         q = self.split_heads(self.q_proj(query))  # (B, H, T, d_k)
         heads, weights = self.heads(
             q, k, v, mask, need_weights, causal
@@ -340,12 +337,15 @@ class MultiHeadAttention(AttentionFunction):
 
 class MultiHeadAdditiveAttention(MultiHeadAttention):
     """Multi-head additive attention: ``MultiHeadAttention`` with each head's score
-    ``a(q, k) = w_v^i^T tanh(q W_Q^i + k W_K^i)`` in place of the scaled dot product.
+    ``a(q, k) = w_v^i^T tanh(q W_Q^i + b_Q^i + k W_K^i + b_K^i)`` in place of the scaled dot
+    product (the projections keep their biases ``b``, as in ``MultiHeadAttention``).
 
     Parameters: those of ``MultiHeadAttention`` and one ``w_v`` of ``d_k`` per head (``score_proj``,
     ``(H, d_k)``). Cost: ``T S d_model`` tanh units, held for the backward pass (a ``(B, H, T, S,
     d_k)`` tensor: ``d_k`` times the memory of the dot product's weights), and no fused kernel.
     """
+
+    fused_kernel = False
 
     def __init__(
         self,
@@ -357,15 +357,13 @@ class MultiHeadAdditiveAttention(MultiHeadAttention):
         out_size: Optional[int] = None,
     ):
         super().__init__(d_model, n_heads, dropout, query_size, key_size, out_size)
-        self.score_proj = nn.Parameter(torch.empty(n_heads, self.d_head))  # w_v of every head
+        self.score_proj = nn.Parameter(torch.empty(n_heads, self.d_k))  # w_v of every head
         nn.init.xavier_uniform_(self.score_proj)
 
     def heads(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], need_weights: bool, causal: bool
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        if causal:  # no kernel takes the triangle here: a mask tensor
-            mask = with_causal(mask, q.size(2), k.size(2), q.device)  # (T, T)
-        dropout_p = self.dropout_p if self.training else 0.0
+        dropout_p = self.dropout_p if self.training else 0.0  # causal came as a mask: no fused kernel
         out, weights = weighted_values(additive_scores(q, k, self.score_proj), v, mask, dropout_p)
         return out, weights if need_weights else None  # (B, H, T, d_k), (B, H, T, S) or None
 
@@ -437,48 +435,65 @@ def rows_with_keys(mask: Tensor) -> Tensor:
     return mask.any(dim=-1, keepdim=True)  # (..., T, 1)
 
 
+def open_empty_rows(mask: Tensor) -> Tuple[Tensor, Tensor]:
+    """The empty-row guard, for every path: ``mask`` ``(..., T, S)`` with each fully masked row
+    opened (a softmax over a row of ``-inf`` gives NaN, forward and backward), and which rows have
+    a key, ``(..., T, 1)``. Attention is computed over ``visible`` and then multiplied by
+    ``has_key``: 0 on an opened row, 1 elsewhere (asking whether any row is empty would make the
+    host wait for a GPU at every step of a search)."""
+    has_key = rows_with_keys(mask)  # (..., T, 1)
+    return mask | ~has_key, has_key  # (..., T, S), (..., T, 1)
+
+
 def masked_softmax_(scores: Tensor, mask: Optional[Tensor] = None) -> Tensor:
-    """Softmax of ``scores`` ``(..., T, S)`` over the key axis, with masked keys at exactly 0.
+    """Softmax of ``scores`` ``(..., T, S)`` over the key axis, with masked keys at exactly 0 and
+    fully masked rows all 0 (``open_empty_rows``), with finite, zero gradients.
 
     The trailing underscore says that masked entries of ``scores`` are overwritten in place with
     ``-inf``: pass a score tensor you own, such as a fresh matmul output (not a leaf you need
     later). The fill runs outside autograd: the softmax output is exactly 0 at those entries, so
     the softmax backward already gives them zero gradient, and recording the fill would only add a
-    pass over the largest tensor of attention to the backward pass.
-
-    ``mask`` is boolean and broadcastable to ``scores``. A fully masked row is left unmasked for
-    the softmax (a row of ``-inf`` would give NaN in the forward and the backward pass) and its
-    weights are then set to 0, so its gradient is finite and zero.
+    pass over the largest tensor of attention to the backward pass. ``mask`` is boolean and
+    broadcastable to ``scores``.
     """
     if mask is None:
         return torch.softmax(scores, dim=-1)  # (..., T, S)
-    has_key = rows_with_keys(mask)  # (..., T, 1)
-    visible = mask | ~has_key  # (..., T, S) every row now sees at least one key
+    visible, has_key = open_empty_rows(mask)  # (..., T, S), (..., T, 1)
     with torch.no_grad():
         scores.masked_fill_(~visible, float("-inf"))  # (..., T, S)
-    # empty rows -> 0 (a multiplication by 1 elsewhere: asking whether any row is empty would make
-    # the host wait for a GPU at every step of a search)
     return torch.softmax(scores, dim=-1) * has_key  # (..., T, S)
 
 
-def check_causal(n_queries: int, n_keys: int) -> None:
-    """Refuse ``causal=True`` unless there are as many queries as keys.
+def attention_mask(
+    mask: Optional[Tensor],
+    n_queries: int,
+    n_keys: int,
+    causal: bool,
+    device: torch.device,
+    causal_flag: bool = False,
+) -> Tuple[Optional[Tensor], bool]:
+    """The mask an attention applies, decided here and nowhere else: ``mask`` (after
+    ``check_mask_shape``) and, with ``causal``, the ``(T, T)`` triangle of ``causal_mask`` joined
+    to it. Returns ``(mask or None, False)``, or ``(None, True)`` when ``causal_flag`` (the caller
+    runs the fused kernel) and there is no mask: the triangle stays a flag, the kernel's
+    ``is_causal``, the one form that CUDA's flash-attention kernel accepts.
 
-    ``F.scaled_dot_product_attention(is_causal=True)`` aligns the triangle to the top left, which
-    is right only when query ``t`` is key ``t``: a full pass with an empty cache. With ``t`` cached
-    keys the queries are the last positions (``causal_mask(T, t + T)``, bottom right).
+    ``causal`` needs as many queries as keys: a full pass, with an empty cache. The fused kernel
+    aligns its triangle to the top left, right only when query ``t`` is key ``t``; after ``t``
+    cached keys the queries are the last positions, ``causal_mask(T, t + T)`` (bottom right).
     """
+    if mask is not None:
+        check_mask_shape(mask, n_queries, n_keys)
+    if not causal:
+        return mask, False
     if n_queries != n_keys:
         raise ValueError(
             f"causal=True needs as many queries as keys (a full pass, no cache), got {n_queries} "
             f"queries and {n_keys} keys; pass mask=causal_mask({n_queries}, {n_keys}) instead"
         )
-
-
-def with_causal(mask: Optional[Tensor], n_queries: int, n_keys: int, device: torch.device) -> Tensor:
-    """``mask`` (or None) intersected with the ``(T, T)`` causal mask, after ``check_causal``."""
-    check_causal(n_queries, n_keys)
-    return combine_masks(causal_mask(n_queries, device=device), mask)  # (T, T) or (..., T, T)
+    if causal_flag and mask is None:
+        return None, True
+    return combine_masks(causal_mask(n_queries, device=device), mask), False  # (T, T) or (..., T, T)
 
 
 def scaled_dot_product_fused(
@@ -493,19 +508,15 @@ def scaled_dot_product_fused(
 
     ``F.scaled_dot_product_attention`` shares our mask convention (bool, True = attend). Its
     result for a fully masked row depends on the backend (0 on CPU in torch 2.13, NaN on others),
-    so such rows are unmasked before the call and zeroed after it, exactly as the explicit path.
-
-    ``causal`` (with no mask: ``scaled_dot_product_attention`` folds it into a given one) goes to
-    the kernel as ``is_causal=True`` and no ``attn_mask``, the one form that CUDA's flash-attention
-    kernel accepts; every causal row sees at least its own key, so nothing needs zeroing.
+    so such rows are opened before the call and zeroed after it, as on the explicit path.
+    ``causal`` is the flag ``attention_mask`` leaves (no mask, as many queries as keys); every
+    causal row sees at least its own key, so nothing needs zeroing.
     """
     if causal:
-        check_causal(q.size(-2), k.size(-2))
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)  # (..., T, d_v)
     if mask is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (..., T, d_v)
-    has_key = rows_with_keys(mask)  # (..., T, 1)
-    visible = mask | ~has_key  # (..., T, S)
+    visible, has_key = open_empty_rows(mask)  # (..., T, S), (..., T, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, dropout_p=dropout_p)  # (..., T, d_v)
     return out * has_key  # (..., T, d_v)
 
@@ -521,27 +532,14 @@ def scaled_dot_product_attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: the fused kernel, or the explicit path when weights are needed.
 
-    ``causal`` hides later keys as ``causal_mask(T)`` would (on top of ``mask``); it needs
-    ``T == S`` and raises ValueError otherwise. Returns output ``(..., T, d_v)`` and weights
-    ``(..., T, S)`` or ``None``.
+    ``causal`` hides later keys as ``causal_mask(T)`` would (on top of ``mask``; ``attention_mask``);
+    it needs ``T == S`` and raises ValueError otherwise. Returns output ``(..., T, d_v)`` and
+    weights ``(..., T, S)`` or ``None``.
     """
-    if causal and (need_weights or mask is not None):  # a mask tensor either way: the triangle joins it
-        mask, causal = with_causal(mask, q.size(-2), k.size(-2), q.device), False  # (T, T) or (..., T, T)
+    mask, causal = attention_mask(mask, q.size(-2), k.size(-2), causal, q.device, not need_weights)
     if need_weights:
         return scaled_dot_product_explicit(q, k, v, mask, dropout_p)
     return scaled_dot_product_fused(q, k, v, mask, dropout_p, causal), None
-
-
-def checked_mask(
-    mask: Optional[Tensor], n_queries: int, n_keys: int, causal: bool, device: torch.device
-) -> Optional[Tensor]:
-    """``mask`` after ``check_mask_shape``, with the causal triangle joined when ``causal``; None
-    when there is neither."""
-    if mask is not None:
-        check_mask_shape(mask, n_queries, n_keys)
-    if causal:
-        mask = with_causal(mask, n_queries, n_keys, device)  # (T, T) or (B|1, H|1, T, T)
-    return mask
 
 
 def zero_empty_rows(out: Tensor, mask: Optional[Tensor]) -> Tensor:

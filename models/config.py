@@ -74,9 +74,8 @@ class RNNConfig:
     hidden_size: int = 256  # D: per direction in the encoder; the decoder state size
     encoder_layers: int = 1
     decoder_layers: int = 1
-    # The decoder's attention over the encoder states (models/attention.py): additive
-    # (w_v^T tanh(W_q q + W_k k)), general (q^T W k), scaled_dot (one head of (W_q q)^T (W_k k) /
-    # sqrt(d_k)) or multihead (attention_heads heads of scaled dot-product and W_O).
+    # The decoder's attention over the encoder states: additive, general, scaled_dot (one head) or
+    # multihead (attention_heads heads); each one's formula is in its class, models/attention.py.
     attention: str = "additive"
     attention_size: int = 256  # d_a of additive, d_k of scaled_dot, heads x d_k of multihead
     attention_heads: int = 4  # heads of multihead attention (the other choices have one)
@@ -100,8 +99,8 @@ class TransformerConfig:
     decoder_layers: int = 3
     dropout: float = 0.1  # on embeddings, sub-layer outputs and inside the feed-forward block
     attention_dropout: float = 0.0
-    # Every attention of the model (encoder self, decoder self, cross), models/attention.py:
-    # scaled_dot (multi-head softmax(Q K^T / sqrt(d_k)) V) or additive (per head w_v^T tanh(W_Q q + W_K k)).
+    # Every attention of the model (encoder self, decoder self, cross): scaled_dot (multi-head) or
+    # additive (multi-head additive); each one's formula is in its class, models/attention.py.
     attention: str = "scaled_dot"
     norm: str = "pre"  # pre (LayerNorm before each sub-layer, a final LayerNorm) or post
     positions: str = "sinusoidal"  # sinusoidal or learned

@@ -12,9 +12,9 @@ Decoder, at target step ``t`` (the paper's appendix A.2, with a tanh readout ins
     o_t      = Dropout(tanh(W_o [s_t; c_t; E y_{t-1}]))      readout from state, context, embedding
     logits_t = W_out o_t                                      W_out optionally tied to E
 
-``Attention`` is ``model.attention``: ``additive`` (Bahdanau's ``w_v^T tanh(W_q s + W_k h)``),
-``general`` (Luong's ``s^T W h``), ``scaled_dot`` (one head, ``(W_q s)^T (W_k h) / sqrt(d_k)``) or
-``multihead`` (``model.attention_heads`` heads of scaled dot-product, ``W_O`` back to ``2D``). The
+``Attention`` is ``model.attention``, one of ``models/attention.py``'s classes (each with its
+formula): ``additive`` (Bahdanau's), ``general`` (Luong's bilinear score), ``scaled_dot`` (one
+head) or ``multihead`` (``model.attention_heads`` heads, ``W_O`` back to ``2D``). The
 query is the state before the step, ``s_{t-1}``, for every choice (Bahdanau's data flow, not
 Luong's ``s_t``), so the choice changes the score and nothing else. What does not depend on the
 query (the key projection, and the multi-head value projection) is computed once per sentence and

@@ -50,7 +50,7 @@ TEXTBOOK = {  # time (pairs x work per pair), memory held for the backward pass
     "additive": ("O(T S d_a)", "O(T S d_a)"),
     "general": ("O(T S D)", "O(T S)"),
     "scaled_dot": ("O(T S d_k)", "O(T S)"),
-    "multihead": ("O(T S D)", "O(T S H) explicit; O(T) fused"),
+    "multihead": ("O(T S D)", "O(T) (no weights kept)"),  # the fused kernel; the weights: next row
     "multihead weights": ("O(T S D)", "O(T S H)"),
     "multihead additive": ("O(T S D)", "O(T S D)"),
 }

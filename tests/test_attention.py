@@ -170,7 +170,7 @@ def test_masked_softmax_overwrites_only_masked_scores_and_zeroes_them():
 
 SINGLE_HEAD = {  # name -> (module of query size 6 and key size 10, a(q, k) for one query and one key)
     "additive": (
-        lambda: AdditiveAttention(query_size=6, key_size=10, hidden_size=8),
+        lambda: AdditiveAttention(query_size=6, key_size=10, d_a=8),
         lambda m, q, k: m.score_proj.weight[0] @ torch.tanh(m.query_proj.weight @ q + m.key_proj.weight @ k),
     ),
     "general": (
@@ -245,7 +245,7 @@ def test_single_head_functions_equal_their_formula(name, mask_name):
 def multi_head_by_hand(mha, query, key, value, visible, additive: bool):
     """``W_O [head_1; ...; head_H] + b_O`` of one sentence, each head scored pair by pair; a query
     with no visible key returns zeros."""
-    d_k, heads = mha.d_head, []
+    d_k, heads = mha.d_k, []
     q_all = query @ mha.q_proj.weight.T + mha.q_proj.bias  # (T, D)
     k_all = key @ mha.k_proj.weight.T + mha.k_proj.bias  # (S, D)
     v_all = value @ mha.v_proj.weight.T + mha.v_proj.bias  # (S, D)
@@ -267,12 +267,22 @@ def multi_head_by_hand(mha, query, key, value, visible, additive: bool):
     return torch.stack(weights), out  # (H, T, S), (T, D)
 
 
+MULTI_HEAD = {  # name -> a multi-head module
+    "scaled_dot": lambda: MultiHeadAttention(D, H),  # the Transformer's: every size d_model
+    "additive": lambda: MultiHeadAdditiveAttention(D, H),
+    # the RNN's multihead: a decoder state of 6 attends over encoder states of 10 and returns 10
+    "scaled_dot, the RNN's sizes": lambda: MultiHeadAttention(8, 2, query_size=6, key_size=10, out_size=10),
+}
+
+
 @pytest.mark.parametrize("mask_name", ["padding", "padding and queries", "causal and padding"])
-@pytest.mark.parametrize("kind", [MultiHeadAttention, MultiHeadAdditiveAttention])
-def test_multi_head_functions_equal_their_formula(kind, mask_name):
-    mha = kind(D, H).double()
+@pytest.mark.parametrize("name", list(MULTI_HEAD))
+def test_multi_head_functions_equal_their_formula(name, mask_name):
+    mha = MULTI_HEAD[name]().double()
+    kind = type(mha)
     nn.init.normal_(mha.out_proj.bias)  # an empty row returns zeros, not this bias
-    query, memory = torch.randn(B, T, D, dtype=torch.float64), torch.randn(B, S, D, dtype=torch.float64)
+    query = torch.randn(B, T, mha.q_proj.in_features, dtype=torch.float64)
+    memory = torch.randn(B, S, mha.k_proj.in_features, dtype=torch.float64)
     mask = hand_masks(T, S)[mask_name]
     full = mask.expand(B, 1, T, S)
     for need_weights in (True, False):

@@ -134,6 +134,26 @@ def test_incremental_decoding_equals_full_forward(variant):
     torch.testing.assert_close(incremental[real], full[real], atol=1e-5, rtol=1e-5)
 
 
+RNN_ATTENTIONS = [("rnn", dict(cell="gru")), *[v for v in VARIANTS if v[0] == "rnn" and "attention" in v[1]]]
+
+
+@pytest.mark.parametrize("variant", RNN_ATTENTIONS, ids=variant_id)
+def test_the_rnn_attends_with_the_state_before_the_step(variant):
+    """Bahdanau's data flow for every attention function: the query of step ``t`` is ``s_{t-1}``,
+    which has read the tokens fed before step ``t``; so the token fed at step ``t`` changes the
+    weights from step ``t + 1`` on, not those of step ``t`` (with Luong's ``s_t`` it would)."""
+    model = model_of(variant)
+    src, src_mask, tgt = batch()
+    other = tgt.clone()
+    other[0, 2] = 4 + (int(tgt[0, 2]) - 4 + 1) % (V - 4)  # another real token fed at step 2 of sentence 0
+    with torch.no_grad():
+        _, attention = model(src, src_mask, tgt, need_weights=True)
+        _, changed = model(src, src_mask, other, need_weights=True)
+    before, after = attention["cross"][0][0], changed["cross"][0][0]  # (H, T, S) of sentence 0
+    assert torch.equal(before[:, :3], after[:, :3])  # steps 0 to 2
+    assert not torch.allclose(before[:, 3], after[:, 3])
+
+
 @each_variant
 def test_logits_with_and_without_weights_agree_at_real_positions(variant):
     """The Transformer's weight-free pass uses a causal decoder self-attention without the padding
