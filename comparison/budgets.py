@@ -30,7 +30,7 @@ def budget_cell(values: Sequence[float], runs: int) -> str:
     reached the budget; – for none."""
     if not values:
         return "–"
-    text = f"{values[0]:.2f}" if len(values) == 1 else format_mean_std(values)
+    text = format_mean_std(values)
     return text if len(values) == runs else f"{text} ({len(values)}/{runs})"
 
 
@@ -75,12 +75,15 @@ def leaders(
 ) -> str:
     """Which group has the higher mean validation BLEU at each budget that every seed of two groups
     or more reached (a mean over the seeds that got there would favour the groups whose weak seeds
-    had not), and where Welch's t-test over the seeds tells the leader from the next group."""
+    had not), and where Welch's t-test over the seeds tells the leader from the next group. Where
+    some groups have 2+ seeds, only they compete: a single run has no spread to test against."""
     marks: List[Tuple[str, float, int]] = []  # (leader, budget, column)
     shown: List[Tuple[str, float, int]] = []  # those where Welch's p < SIGNIFICANT
+    seeded = any(len(group) > 1 for group in groups)
+    competing = [(g, label) for g, label in zip(groups, group_labels(groups)) if len(g) > 1 or not seeded]
     for j, x in enumerate(columns):
         reached = []  # (mean, label, values) of the groups every seed of which reached x
-        for group, label in zip(groups, group_labels(groups)):
+        for group, label in competing:
             found = group_curves(group, curves)
             values = budget_values(found, axis, x)
             if values and len(values) == len(found):

@@ -25,6 +25,9 @@ def format_seeds(n_a: int, n_b: int) -> str:
 
 
 def format_mean_std(values: Sequence[float], fmt: str = "{:.2f}") -> str:
-    """``mean ± standard deviation`` of ``values``, each written with ``fmt``."""
+    """``mean ± standard deviation`` of ``values``, each written with ``fmt``; one value alone (it
+    has no spread to show)."""
+    if len(values) == 1:
+        return fmt.format(values[0])
     mean, std = mean_std(values)
     return f"{fmt.format(mean)} ± {fmt.format(std)}"

@@ -9,7 +9,7 @@ import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from comparison.formats import format_mean_std
-from comparison.runs import Run, group_labels, seed_scores
+from comparison.runs import Run, group_labels, seed_scores, valid_scores
 from comparison.significance import METRICS, seeds_verdict
 from models.config import FAMILIES  # plain dataclasses: no torch
 
@@ -52,9 +52,9 @@ def levels(cells: Sequence[Cell], factor: int) -> List[str]:
     return list(dict.fromkeys(cell[factor] for cell in cells))
 
 
-def grid_table(values: Dict[Cell, List[float]], title: str) -> List[str]:
+def grid_table(values: Dict[Cell, List[float]], title: str, fmt: str = "{:.2f}") -> List[str]:
     """Rows: architectures; columns: attention functions; a cell: mean ± std of its ``values``
-    (their number in brackets), – for none or no such cell."""
+    (each written with ``fmt``; their number in brackets), – for none or no such cell."""
     columns = levels(list(values), 1)
     lines = [
         f"| {title} | " + " | ".join(columns) + " |",
@@ -64,14 +64,16 @@ def grid_table(values: Dict[Cell, List[float]], title: str) -> List[str]:
         cells = [architecture]
         for attention in columns:
             found = values.get((architecture, attention))
-            cells.append(f"{format_mean_std(found)} ({len(found)})" if found else "–")
+            cells.append(f"{format_mean_std(found, fmt)} ({len(found)})" if found else "–")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def valid_bleu(runs: Sequence[Run]) -> List[float]:
-    """The validation BLEU of each run that has one (a run stopped before its first evaluation has none)."""
-    return [bleu for run in runs if (bleu := run.results["valid"].get("bleu")) is not None]
+# the cost of a cell: (title, results.json key, scale, format)
+COSTS = (
+    ("training minutes", "train_seconds", 1 / 60, "{:.1f}"),
+    ("target tokens/s", "train_tokens_per_second", 1.0, "{:,.0f}"),
+)
 
 
 def valid_choice(values: Dict[Cell, List[float]]) -> str:
@@ -142,12 +144,17 @@ def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str
         "The runs cross two factors: the architecture (the `model` group) and the attention function "
         f"(`model.attention` in each run's config; without it, its family's default: {defaults}). A "
         "cell is a configuration with 2+ seeds: mean ± standard deviation over its seeds (their number "
-        "in brackets); configurations with one seed are in the tables above only. Each factor is "
+        "in brackets); configurations with one seed are in the next section. Each factor is "
         "tested within each level of the other, every cell against the first of its row or column, "
         "with the tests across seeds above (the verdict is Welch's; no seed pairs)."
     )
-    valid = {cell: valid_bleu(runs) for cell, runs in grid.items()}
+    valid = {cell: valid_scores(runs, "bleu") for cell, runs in grid.items()}
     lines += ["", *grid_table(valid, "valid BLEU"), "", valid_choice(valid)]
+    chrf = {cell: valid_scores(runs, "chrf") for cell, runs in grid.items()}
+    lines += ["", *grid_table(chrf, "valid chrF")]
+    for title, key, scale, fmt in COSTS:
+        cost = {cell: [run.results[key] * scale for run in runs] for cell, runs in grid.items()}
+        lines += ["", *grid_table(cost, title, fmt)]
     for split in splits:
         lines += ["", f"### {split}"]
         for metric, key in METRICS:

@@ -1,6 +1,7 @@
 """The Markdown report of ``scripts/compare.py``: the runs' table, the sacrebleu signatures, the
 significance sections, the seeds' table, the grid of architecture and attention (when the runs
-cross them) and the sections at equal budgets, in that order.
+cross them), the configurations of one seed beside those of 2+ and the sections at equal
+budgets, in that order.
 """
 
 import json
@@ -11,7 +12,7 @@ from comparison.budgets import budget_sections
 from comparison.curves import Curves
 from comparison.formats import format_mean_std, format_minutes, format_score
 from comparison.grid import grid_section
-from comparison.runs import Run, group_labels, groups_of, test_splits
+from comparison.runs import Run, group_labels, groups_of, test_splits, valid_scores
 from comparison.significance import across_seeds_section, paired_bootstrap, significance_table
 
 
@@ -71,6 +72,57 @@ def seeds_table(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]
     return lines
 
 
+def against_seeds(value: float, seeds: Sequence[float]) -> str:
+    """Where ``value`` falls in the range of ``seeds``: below, within or above."""
+    if value < min(seeds):
+        return "below"
+    return "above" if value > max(seeds) else "within"
+
+
+def single_seed_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]:
+    """``## Configurations with one seed``, when other configurations have 2+: each single run's
+    scores and cost, and its validation BLEU against the range of the seeds of every configuration
+    of its model with 2+ seeds (empty otherwise)."""
+    seeded = [g for g in groups if len(g) > 1]
+    single = [g for g in groups if len(g) == 1]
+    if not seeded or not single:
+        return []
+    label = dict(zip(map(id, groups), group_labels(groups)))
+    head = ["configuration", "seed", "valid BLEU", "valid chrF"]
+    head += [f"{s} {m}" for s in splits for m in ("BLEU", "chrF")]
+    head += ["train time", "tgt tok/s", "valid BLEU against the seeds of its model"]
+    lines = [
+        "",
+        "## Configurations with one seed",
+        "",
+        "Exploratory runs, one seed each: no spread of their own, so no test. Each is set beside every "
+        "configuration of its model with 2+ seeds: whether its validation BLEU is below, within or "
+        "above the range of their seeds (lowest-highest). Within the range, the seeds do not tell it "
+        "from that configuration; outside it, more seeds of its own could still.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "| --- | ---: | " + " | ".join(["---:"] * (len(head) - 3)) + " | --- |",
+    ]
+    for group in single:
+        run = group[0]
+        r, bleu = run.results, run.results["valid"].get("bleu")
+        cells = [label[id(group)], str(run.seed if run.seed is not None else "-"), format_score(bleu)]
+        cells.append(format_score(r["valid"].get("chrf")))
+        for split in splits:
+            scores = r["test"].get(split, {})
+            cells += [format_score(scores.get("bleu")), format_score(scores.get("chrf"))]
+        cells += [format_minutes(r["train_seconds"]), f"{r['train_tokens_per_second']:,.0f}"]
+        against = []
+        for group in seeded:
+            seeds = valid_scores(group, "bleu")
+            if group[0].model_name() == run.model_name() and seeds and bleu is not None:
+                where = against_seeds(bleu, seeds)
+                against.append(f"{where} `{label[id(group)]}` ({min(seeds):.2f}-{max(seeds):.2f})")
+        cells.append("; ".join(against) or "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def report(
     runs: Sequence[Run],
     samples: int,
@@ -120,6 +172,7 @@ def report(
     for split in splits:
         lines += across_seeds_section(groups, split, samples)
     lines += grid_section(groups, splits)
+    lines += single_seed_section(groups, splits)
     if curves is not None:
         lines += budget_sections(groups, curves, minutes_step)
     return "\n".join(lines) + "\n"

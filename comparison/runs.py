@@ -188,6 +188,12 @@ def score_of(run: Run, split: str, key: str) -> Optional[float]:
     return run.results["test"].get(split, {}).get(key)
 
 
+def valid_scores(runs: Sequence[Run], key: str) -> List[float]:
+    """The validation ``key`` score (bleu, chrf) of each run that has one (a run stopped before its
+    first evaluation has none)."""
+    return [score for run in runs if (score := run.results["valid"].get(key)) is not None]
+
+
 def seed_scores(runs: Sequence[Run], split: str, key: str) -> List[float]:
     """The ``key`` score on test ``split`` of each run that has one: a group's per-seed scores."""
     return [v for v in (score_of(run, split, key) for run in runs) if v is not None]

@@ -19,14 +19,19 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
   scores, and a sentence that says what they show;
 - architecture and attention, when the groups of 2+ seeds cross the ``model`` group with
   ``model.attention`` (read from each run's config; ``+experiment=attention_grid``): per cell the
-  mean ± std over the seeds of validation BLEU and of each test split's BLEU and chrF, the cell
-  with the highest mean validation BLEU, and each factor's effect within each level of the other
-  (the attention in each architecture, the architecture with each attention): the difference of
-  the means, Welch's and the permutation test's p, and what they show;
+  mean ± std over the seeds of validation BLEU and chrF, training minutes, target tokens/s and
+  each test split's BLEU and chrF, the cell with the highest mean validation BLEU, and each
+  factor's effect within each level of the other (the attention in each architecture, the
+  architecture with each attention): the difference of the means, Welch's and the permutation
+  test's p, and what they show;
+- configurations with one seed, when others have 2+ (exploratory runs): their scores and cost,
+  and whether their validation BLEU is below, within or above the seeds of each configuration of
+  their model with 2+ seeds;
 - validation BLEU at equal budgets: a table of each group's validation BLEU (mean ± std over its
   seeds, interpolated between evaluations) after 5, 10, 15, ... minutes of training
   (``--minutes-step``) and after 1, 2, 3, ... epochs, with which group leads at each budget and
-  where Welch's t-test over the seeds shows the lead;
+  where Welch's t-test over the seeds shows the lead (among the groups of 2+ seeds, when there
+  are some);
 - ``comparison.png``: validation BLEU against training minutes and against epochs, per group the
   mean over its seeds and a band from the lowest to the highest seed (one run: its curve), read
   from each run's TensorBoard event files (``valid/bleu`` and ``valid/train_seconds`` at each

@@ -687,6 +687,8 @@ def test_a_lead_at_a_budget_is_shown_where_welchs_test_tells_the_seeds_apart(ref
         ("rnn", 2): [(2, 60.0, 11.0), (4, 120.0, 12.0), (6, 180.0, 20.0), (8, 240.0, 33.0)],
         ("transformer", 1): [(2, 60.0, 30.0), (4, 120.0, 31.0), (6, 180.0, 24.0)],
         ("transformer", 2): [(2, 60.0, 31.0), (4, 120.0, 32.5), (6, 180.0, 23.0)],
+        # one seed, far above the others: in the table, but it has no spread to lead by
+        ("transformer_base", 1): [(2, 60.0, 50.0), (4, 120.0, 50.0), (6, 180.0, 50.0), (8, 240.0, 50.0)],
     }
     for number, ((model, seed), curve) in enumerate(curves.items()):
         overrides = [f"model={model}", f"seed={seed}"]
@@ -694,6 +696,7 @@ def test_a_lead_at_a_budget_is_shown_where_welchs_test_tells_the_seeds_apart(ref
     code, out, _ = compare(tmp_path / "sweep", "--bootstrap", 10, "--minutes-step", 1, "--no-plot")
     assert code == 0
     text = section(out, "Validation BLEU at equal training time")
+    assert rows(text)[-1] == ["transformer_base", "1", "50.00", "50.00", "50.00", "50.00"]
     assert "every seed reached: transformer at 1-2 min, rnn at 3 min." in text
     assert welch_t_test([10, 11], [30, 31])[2] < 0.01 and welch_t_test([30, 20], [24, 23])[2] > 0.5
     assert (
@@ -789,6 +792,7 @@ def in_memory_run(name, overrides, valid=None, test=None, attention=None):
     config = {"model": model, "seed": int(values.get("seed", 1)), "trainer": {"lr": values.get("trainer.lr")}}
     scores = {} if test is None else {SPLIT: {"bleu": test, "chrf": test + 20}}
     results = {"model": model["name"], "valid": {"bleu": valid}, "test": scores}
+    results.update(train_seconds=600.0, train_tokens_per_second=2000.0)
     return Run(Path(name), name, results, config, list(overrides))
 
 
@@ -829,7 +833,7 @@ GRID = {
     ("transformer", "additive"): ((9, 10, 11), (35.0, 36.0, 37.0)),
     ("transformer", None): ((12, 13, 14), (38.0, 36.0, 37.0)),
 }
-EXPLORATORY = [("general", 6), ("multihead", 7)]  # rnn, seed 1 only
+EXPLORATORY = [("general", 6, 20.0), ("multihead", 7, 31.0)]  # rnn, seed 1 only: every, valid BLEU
 
 
 def grid_overrides(model, attention, seed):
@@ -846,7 +850,7 @@ def grid_sweep(refs, tmp_path_factory):
         for (model, attention), (everies, valids) in GRID.items()
         for seed, every, valid in zip((1, 2, 3), everies, valids)
     ]
-    jobs += [(grid_overrides("rnn", attention, 1), every, 20.0) for attention, every in EXPLORATORY]
+    jobs += [(grid_overrides("rnn", attention, 1), every, valid) for attention, every, valid in EXPLORATORY]
     for number, (overrides, every, valid) in enumerate(jobs):
         write_run(
             sweep_job(folder, number, overrides),
@@ -855,6 +859,8 @@ def grid_sweep(refs, tmp_path_factory):
             [*overrides, "data.root=/data/multi30k"],
             curve=None,
             valid={"loss": 3.0, "ppl": 20.1, "bleu": valid, "chrf": valid + 20, "step": 1},
+            train_seconds=valid * 30,  # minutes: half the validation BLEU
+            train_tokens_per_second=valid * 50,
         )
     return folder
 
@@ -906,6 +912,45 @@ def test_the_attention_grid_experiment_sweeps_12_jobs_on_one_data_config():
     assert len({OmegaConf.to_yaml(c.data) for c in composed}) == 1  # one SentencePiece model for all
 
 
+def test_the_exploratory_commands_of_the_docs_narrow_the_grid_to_one_seed_of_each_variant():
+    """docs/comparing.md's exploratory sweeps, split as ``train.py -m`` splits them: the
+    experiment's ``hydra.sweeper.params`` first, the command line after (a key given there wins)."""
+    import shlex
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from helpers import compose
+
+    commands = [
+        shlex.split(line)[4:]  # after python train.py -m +experiment=attention_grid
+        for line in (ROOT / "docs" / "comparing.md").read_text(encoding="utf-8").splitlines()
+        if line.startswith("python train.py -m +experiment=attention_grid model=")
+    ]
+    jobs = []
+    for cli in commands:
+        cfg = compose(["+experiment=attention_grid"], hydra_config=True)
+        params = [f"{key}={value}" for key, value in cfg.hydra.sweeper.params.items()]
+        parsed = OverridesParser.create().parse_overrides([*params, *cli])
+        for job in BasicSweeper.split_arguments(parsed, None)[0]:
+            c = compose(["+experiment=attention_grid", *(o for o in job if not o.startswith("hydra."))])
+            jobs.append(
+                (
+                    c.model.name,
+                    c.model.attention,
+                    c.model.get("attention_heads", c.model.get("n_heads")),
+                    c.seed,
+                )
+            )
+    assert jobs == [
+        ("rnn", "general", 4, 1),
+        ("rnn", "multihead", 4, 1),
+        ("transformer", "scaled_dot", 1, 1),
+        ("transformer", "scaled_dot", 2, 1),
+        ("transformer", "scaled_dot", 8, 1),
+    ]
+
+
 def test_a_run_without_model_attention_in_its_config_has_its_familys_default():
     from comparison.grid import attention_of
     from models.config import RNNConfig, TransformerConfig
@@ -921,15 +966,33 @@ def test_the_grid_section_has_a_cell_per_architecture_and_attention_with_2_seeds
 ):
     text = section(grid_report, "Architecture and attention")
     tables = [rows(block) for block in text.split("\n\n") if block.startswith("| ")]
-    assert [head for head, *_ in tables] == [
-        [title, "additive", "scaled_dot"] for title in ("valid BLEU", f"{SPLIT} BLEU", f"{SPLIT} chrF")
+    titles = [
+        "valid BLEU",
+        "valid chrF",
+        "training minutes",
+        "target tokens/s",
+        f"{SPLIT} BLEU",
+        f"{SPLIT} chrF",
     ]
+    assert [head for head, *_ in tables] == [[title, "additive", "scaled_dot"] for title in titles]
     rnn_valid = format_mean_std(GRID[("rnn", None)][1])
     assert tables[0][1:] == [
         ["rnn", f"{rnn_valid} (3)", "41.00 ± 1.00 (3)"],
         ["transformer", "36.00 ± 1.00 (3)", "37.00 ± 1.00 (3)"],
     ]
-    for cells, key in zip(tables[1:], ("bleu", "chrf")):
+    assert tables[1][1:] == [  # chrF: BLEU + 20 in these runs
+        ["rnn", "51.00 ± 1.00 (3)", "61.00 ± 1.00 (3)"],
+        ["transformer", "56.00 ± 1.00 (3)", "57.00 ± 1.00 (3)"],
+    ]
+    assert tables[2][1:] == [  # minutes: BLEU / 2; tokens/s: 50 x BLEU
+        ["rnn", "15.5 ± 0.5 (3)", "20.5 ± 0.5 (3)"],
+        ["transformer", "18.0 ± 0.5 (3)", "18.5 ± 0.5 (3)"],
+    ]
+    assert tables[3][1:] == [
+        ["rnn", "1,550 ± 50 (3)", "2,050 ± 50 (3)"],
+        ["transformer", "1,800 ± 50 (3)", "1,850 ± 50 (3)"],
+    ]
+    for cells, key in zip(tables[4:], ("bleu", "chrf")):
         scores = grid_scores(grid_sweep, key)
         assert cells[1:] == [
             [model, *(f"{format_mean_std(scores[(model, f)])} (3)" for f in ("additive", "scaled_dot"))]
@@ -938,10 +1001,32 @@ def test_the_grid_section_has_a_cell_per_architecture_and_attention_with_2_seeds
     # chosen on validation (the rnn with scaled_dot), though the transformer's test scores are higher
     choice = "Highest mean validation BLEU: rnn with scaled_dot (41.00). Choices are made on validation only"
     assert choice in text
-    # the exploratory runs of one seed: in the seeds' table, not in the grid
-    seeds = {row[0]: row[1] for row in table(grid_report, "Seeds")}
-    assert seeds["rnn model.attention=general"] == seeds["rnn model.attention=multihead"] == "1"
+    # the exploratory runs of one seed: in the seeds' table without a spread, not in the grid
+    seeds = {row[0]: row[1:3] for row in table(grid_report, "Seeds")}
+    assert seeds["rnn model.attention=general"] == ["1", "20.00"]
+    assert seeds["rnn model.attention=multihead"] == ["1", "31.00"]
     assert "general" not in text and "multihead" not in text
+
+
+def test_configurations_of_one_seed_are_set_beside_the_seeds_of_their_model(
+    grid_sweep, grid_report, tmp_path
+):
+    text = section(grid_report, "Configurations with one seed")
+    header, *found = rows(text)
+    assert header[:4] == ["configuration", "seed", "valid BLEU", "valid chrF"]
+    assert header[-3:] == ["train time", "tgt tok/s", "valid BLEU against the seeds of its model"]
+    by_name = {row[0]: row for row in found}
+    assert list(by_name) == ["rnn model.attention=general", "rnn model.attention=multihead"]
+    general, multihead = by_name.values()
+    assert general[1:4] == ["1", "20.00", "40.00"] and general[-3:-1] == ["10.0 min", "1,000"]
+    # the rnn's cells (additive 30-32, scaled_dot 40-42), never the transformer's
+    assert general[-1] == "below `rnn` (30.00-32.00); below `rnn model.attention=scaled_dot` (40.00-42.00)"
+    assert multihead[-1] == "within `rnn` (30.00-32.00); below `rnn model.attention=scaled_dot` (40.00-42.00)"
+    # none without a configuration of 2+ seeds beside it: the seed-1 runs alone
+    seed_1 = sorted(p for p in grid_sweep.iterdir() if p.name.endswith("seed=1"))
+    code, out, err = compare(*seed_1, "--bootstrap", 10, "--no-plot", "--out", tmp_path)
+    assert code == 0 and len(seed_1) == 6, err
+    assert "## Configurations with one seed" not in out and "One seed per configuration" in out
 
 
 # (the heading of the verdicts, where, the cell against which, the cell)
