@@ -7,6 +7,10 @@ training benchmark there, and get one Markdown report back (docs/gpu_check.md).
     # 2. on the GPU machine, from the repository root, with the folder .gpu_check beside it:
     python3 scripts/gpu_check.py run --bundle .gpu_check --report gpu_check.md
 
+    # or, there, the bundle's packages and data for a command of one's own (the GPU recipe):
+    env=$(python3 scripts/gpu_check.py install --bundle .gpu_check) && eval "$env" &&
+    python3 train.py +experiment=gpu_multi30k data.root="$MULTI30K_DIR"
+
 ``prepare`` makes the bundle: the wheels a GPU machine with its own PyTorch lacks, for CPython 3.12
 on x86-64 Linux (hydra-core and the omegaconf and antlr4 runtime it needs; antlr4 has no wheel on
 PyPI, so it is built here; ctranslate2 unless ``--no-ctranslate2``; never torch, which the GPU
@@ -30,12 +34,17 @@ tests/test_gpu.py`` on the bundle's data, then two measurements:
 each step under a time limit so that the whole check ends within 8 minutes, and writes the report
 to FILE. Exit code 0 when every step passed; 1 when one failed or ran out of time, or when there is
 no CUDA device.
+
+``install`` installs the wheels as ``run`` does and prints ``export`` lines for a shell: the
+``PYTHONPATH`` and ``MULTI30K_DIR`` of the check's own commands, and no network.
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -89,6 +98,8 @@ MEASUREMENTS = {
     "epochs": "The first epochs, validation and decoding",
 }
 OUTPUT_LINES = 300  # of the pytest output in the report
+# what ``install`` prints for a shell: the project and the bundle's packages, its data, no network
+EXPORTED = ("PYTHONPATH", "MULTI30K_DIR", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 class CheckError(Exception):
@@ -305,6 +316,30 @@ def read_manifest(bundle: Path) -> Dict[str, Any]:
 def install_command(bundle: Path, content: Dict[str, Any]) -> List[str]:
     wheels = [str(bundle / entry["file"]) for entry in content["wheels"]]
     return [sys.executable, "-m", "pip", "install", *PIP_OFFLINE, "--target", str(bundle / "site"), *wheels]
+
+
+def install(bundle: Path, content: Dict[str, Any], env: Dict[str, str], timeout: float) -> Step:
+    """The bundle's wheels into ``BUNDLE/site``, afresh (a folder carried from another machine may
+    hold another Python's)."""
+    shutil.rmtree(bundle / "site", ignore_errors=True)
+    return run_step("install", install_command(bundle, content), env, timeout)
+
+
+def install_for_shell(bundle: Path) -> int:
+    """``install``: the wheels into ``BUNDLE/site``, then on stdout the ``export`` lines of
+    ``EXPORTED`` (the progress goes to stderr), for a shell to ``eval`` before a command of one's
+    own, such as training the GPU recipe (the module's docstring)."""
+    bundle = bundle.resolve()
+    content = read_manifest(bundle)
+    env = child_env(bundle)
+    with contextlib.redirect_stdout(sys.stderr):
+        step = install(bundle, content, env, SECONDS["install"])
+    if not step.ok:
+        last = tail(step.output, 1)[0] if step.output.strip() else outcome(step)
+        raise CheckError(f"installing the wheels of {bundle} failed: {last}")
+    for name in EXPORTED:
+        print(f"export {name}={shlex.quote(env[name])}")
+    return 0
 
 
 def pytest_command() -> List[str]:
@@ -559,9 +594,8 @@ def run_check(bundle: Path, report: Path) -> int:
     bundle = bundle.resolve()
     content = read_manifest(bundle)
     report.parent.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(bundle / "site", ignore_errors=True)
     env = child_env(bundle)
-    steps = [run_step("install", install_command(bundle, content), env, time_for("install", deadline))]
+    steps = [install(bundle, content, env, time_for("install", deadline))]
     facts: Dict[str, Any] = {}
     tables: Dict[str, Optional[str]] = {}
     results: Dict[str, Any] = {}
@@ -623,6 +657,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     check = commands.add_parser("run", help="run the check (on the GPU machine, from the repository root)")
     check.add_argument("--bundle", type=Path, default=ROOT / ".gpu_check", help="the folder prepare made")
     check.add_argument("--report", type=Path, required=True, help="the Markdown report to write")
+    setup = commands.add_parser(
+        "install",
+        help="install the bundle's wheels and print the shell's exports that use them "
+        '(env=$(... install) && eval "$env" && python3 train.py ...)',
+    )
+    setup.add_argument("--bundle", type=Path, default=ROOT / ".gpu_check", help="the folder prepare made")
     commands.add_parser("facts", help="internal: the machine and versions as JSON (a child of run)")
     return parser.parse_args(argv)
 
@@ -635,6 +675,8 @@ def main(argv=None) -> int:
             return 0
         if args.command == "run":
             return run_check(args.bundle, args.report)
+        if args.command == "install":
+            return install_for_shell(args.bundle)
         content = prepare(args.out, args.data, not args.no_ctranslate2, args.wheels, args.max_mib)
     except (CheckError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)

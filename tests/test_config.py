@@ -1,5 +1,8 @@
 """The Hydra config (conf/, training/config.py): every option composes and builds; typos fail early."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
@@ -239,6 +242,37 @@ def test_comparison_experiments_sweep_both_families_on_one_direction(experiment,
     assert cfg.hydra.sweeper.params == {"model": "rnn,transformer"}
     assert cfg.hydra.sweep.dir.startswith(f"multirun/{experiment}/")
     assert experiment in options("experiment")
+
+
+def test_the_gpu_recipe_is_transformer_base_in_gpu_sized_batches_and_refuses_a_machine_without_cuda(
+    multi30k_slice, tmp_path
+):
+    cfg = compose(["+experiment=gpu_multi30k"])  # compose() trains on the CPU unless told otherwise
+    assert (cfg.model.d_model, cfg.model.encoder_layers, cfg.model.dropout) == (512, 6, 0.3)
+    assert (cfg.trainer.batch_tokens, cfg.trainer.max_epochs, cfg.trainer.warmup_steps) == (16384, 40, 400)
+    assert (cfg.data.src, cfg.data.tgt) == ("de", "en")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the recipe would train")
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "+experiment=gpu_multi30k",
+            f"data.root={multi30k_slice}",
+            f"hydra.run.dir={run}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert (
+        done.stderr.strip()
+        == "error: device cuda asked for, but no CUDA device is available: use auto or cpu"
+    )
+    assert [p.name for p in run.iterdir()] == ["train.log"]  # Hydra's log; no checkpoint, no results
 
 
 def test_the_slurm_launcher_config_composes():

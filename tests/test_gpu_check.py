@@ -326,6 +326,54 @@ def test_run_refuses_a_folder_without_a_manifest(tmp_path, capsys):
     assert not (tmp_path / "report.md").exists()
 
 
+def write_wheel(folder: Path, name: str) -> Path:
+    """A real wheel of one pure-Python module ``name`` (``name = "installed"``), built by hand."""
+    import zipfile
+
+    wheel = folder / f"{name}-1.0-py3-none-any.whl"
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": f"name = {name!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for path, text in files.items():
+            archive.writestr(path, text)
+    return wheel
+
+
+def test_install_puts_the_wheels_in_the_bundle_and_prints_the_exports_a_shell_evaluates(tmp_path):
+    """The exports of ``gpu_check.py install`` evaluated, then a command of one's own: it imports
+    the bundle's packages and the project, and finds the bundle's data. An earlier machine's
+    ``site`` goes; a wheel that does not install gives one error line and no exports."""
+    bundle = tmp_path / "bundle"
+    (bundle / "wheels").mkdir(parents=True)
+    write_wheel(bundle / "wheels", "bundled_demo")
+    (bundle / "site" / "stale").mkdir(parents=True)
+    manifest = {"wheels": [{"file": "wheels/bundled_demo-1.0-py3-none-any.whl"}], "data": []}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    use = "import bundled_demo, common, os; print(bundled_demo.name, os.environ['MULTI30K_DIR'])"
+    install = f"{sys.executable} scripts/gpu_check.py install --bundle {bundle}"
+    shell = f'env=$({install}) && eval "$env" && {sys.executable} -S -c "{use}"'
+    done = subprocess.run(["bash", "-c", shell], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["bundled_demo", str((bundle / gpu_check.DATA).resolve())]
+    assert "gpu_check: install" in done.stderr  # the progress, out of the shell's way
+    assert not (bundle / "site" / "stale").exists()
+    broken = bundle / "wheels" / "bundled_demo-1.0-py3-none-any.whl"
+    broken.write_bytes(b"not a zip")
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "install", "--bundle", str(bundle)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines()[-1].startswith(f"error: installing the wheels of {bundle} failed")
+
+
 def test_the_commands_import_the_project_from_the_repository_without_an_install(tmp_path):
     """The GPU machine cannot install the project: its commands find the packages through the
     ``PYTHONPATH`` of ``child_env`` (``-S``: without site-packages, so without this venv's install)."""
