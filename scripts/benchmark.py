@@ -299,7 +299,6 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         trainer.fit(max_steps=args.warmup, evaluate_last=False)  # warm-up: allocator, caches, first batches
         seconds, tokens = p.step_seconds, p.tgt_tokens
         trainer.fit(max_steps=args.warmup + args.steps, evaluate_last=False)
-        trainer.close()
         seconds, tokens = p.step_seconds - seconds, p.tgt_tokens - tokens
         epoch_tokens = int(
             trainer.data.datasets[TRAIN].tgt_lengths().sum()
@@ -309,6 +308,7 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         use = utilisation(trainer, tokens / seconds)  # after the peak: its passes are not training's
+        trainer.close()  # after the profile's steps: a skipped step logs to the board
         return {
             "model": args.model,
             "params": trainer.params,
@@ -616,10 +616,15 @@ def main(argv=None) -> None:
 
 
 def write_outputs(out: str, result: Dict[str, Any], table: Any) -> str:
-    """``OUT.json`` and ``OUT.md`` (by ``table``) of ``result``; the Markdown."""
+    """``OUT.json`` and ``OUT.md`` (by ``table``) of ``result``, each replaced whole (a process
+    killed while writing leaves the earlier file: gpu_check.py stops its steps at their limits);
+    the Markdown."""
+    from common.files import AtomicFile
+
     markdown = table(result)
-    Path(f"{out}.json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(f"{out}.md").write_text(markdown)
+    for path, text in ((f"{out}.json", json.dumps(result, indent=1) + "\n"), (f"{out}.md", markdown)):
+        with AtomicFile(Path(path)) as stream:
+            stream.write(text)
     return markdown
 
 
