@@ -173,8 +173,8 @@ class AdditiveAttention(SingleHeadAttention):
     """Additive (Bahdanau et al. 2015, appendix A.1.2): ``a(q, k) = w_v^T tanh(W_q q + W_k k)``.
 
     Parameters: ``W_q`` (``D_query x d_a``), ``W_k`` (``D_key x d_a``), ``w_v`` (``d_a``), no biases;
-    ``d_a`` is the attention's hidden size (``model.attention_size``). Query and key sizes may differ. Cost:
-    ``T S d_a`` tanh units, held for the backward pass: a ``(B, T, S, d_a)`` tensor.
+    ``d_a`` is the attention's hidden size (``model.attention_size``). Query and key sizes may
+    differ. Cost: ``T S d_a`` tanh units, held for the backward pass: a ``(B, T, S, d_a)`` tensor.
     """
 
     def __init__(self, query_size: int, key_size: int, d_a: int, dropout: float = 0.0):
