@@ -266,6 +266,15 @@ def words(header: Dict, side: str) -> List[str]:
     return [joined[w] for w in sorted(joined)]
 
 
+def download_done(folder: Path) -> bool:
+    """Whether Chromium has finished a download into ``folder``: it reserves the file's name with
+    an empty file and writes a ``.crdownload`` beside it, renamed over that name at the end."""
+    files = list(folder.iterdir())
+    return any(f.suffix == ".png" and f.stat().st_size > 0 for f in files) and not any(
+        f.suffix == ".crdownload" for f in files
+    )
+
+
 def png_size(path: Path) -> Tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
@@ -340,7 +349,7 @@ def test_the_attention_tab_shows_the_written_maps_of_two_runs(driver, logdir):
     canvas = both["transformer"].find_element("css selector", "canvas.map")
     both["transformer"].find_element("css selector", "button.export").click()
     deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline and not list(driver.downloads.glob("*.png")):
+    while time.monotonic() < deadline and not download_done(driver.downloads):
         time.sleep(0.2)
     exported = list(driver.downloads.glob("*.png"))
     assert len(exported) == 1, list(driver.downloads.iterdir())
