@@ -113,11 +113,11 @@ def single_seed_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> L
             cells += [format_score(scores.get("bleu")), format_score(scores.get("chrf"))]
         cells += [format_minutes(r["train_seconds"]), f"{r['train_tokens_per_second']:,.0f}"]
         against = []
-        for group in seeded:
-            seeds = valid_scores(group, "bleu")
-            if group[0].model_name() == run.model_name() and seeds and bleu is not None:
+        for other in seeded:
+            seeds = valid_scores(other, "bleu")
+            if other[0].model_name() == run.model_name() and seeds and bleu is not None:
                 where = against_seeds(bleu, seeds)
-                against.append(f"{where} `{label[id(group)]}` ({min(seeds):.2f}-{max(seeds):.2f})")
+                against.append(f"{where} `{label[id(other)]}` ({min(seeds):.2f}-{max(seeds):.2f})")
         cells.append("; ".join(against) or "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
