@@ -306,9 +306,10 @@ class MultiHeadAttention(AttentionFunction):
     def heads(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], need_weights: bool, causal: bool
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Every head's attention: ``(B, H, T, d_k)`` outputs and ``(B, H, T, S)`` weights or None."""
+        """Every head's attention: ``(B, H, T, d_k)`` outputs and ``(B, H, T, S)`` weights or None;
+        ``mask`` and ``causal`` as ``attend`` decided them (``attention_mask``)."""
         dropout_p = self.dropout_p if self.training else 0.0
-        return scaled_dot_product_attention(q, k, v, mask, dropout_p, need_weights, causal)
+        return scaled_dot_product(q, k, v, mask, dropout_p, need_weights, causal)
 
     def attend(
         self,
@@ -537,6 +538,21 @@ def scaled_dot_product_attention(
     weights ``(..., T, S)`` or ``None``.
     """
     mask, causal = attention_mask(mask, q.size(-2), k.size(-2), causal, q.device, not need_weights)
+    return scaled_dot_product(q, k, v, mask, dropout_p, need_weights, causal)
+
+
+def scaled_dot_product(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Optional[Tensor],
+    dropout_p: float,
+    need_weights: bool,
+    causal: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """``scaled_dot_product_attention`` once ``attention_mask`` has decided ``mask`` and ``causal``
+    (a layer decides them once, in ``attend``): the explicit path for the weights, else the fused
+    kernel."""
     if need_weights:
         return scaled_dot_product_explicit(q, k, v, mask, dropout_p)
     return scaled_dot_product_fused(q, k, v, mask, dropout_p, causal), None
