@@ -1,6 +1,7 @@
 """End to end: a few steps of ``train(cfg)`` on a real Multi30k slice, composed like ``train.py``."""
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -168,6 +169,13 @@ def test_the_debug_experiment_writes_every_output_of_a_run(multi30k_slice, tmp_p
     assert set(results["test_weights"]["valid_bleu"]) == {"best.pt", "average.pt"}
     assert list(results["test"]) == [SPLIT]
     assert len((run / f"{SPLIT}.hyp").read_text(encoding="utf-8").splitlines()) == 30
+    # each evaluation's line says where its time went (a GPU run's evaluations outlast its steps)
+    evaluations = [line for line in (run / "train.log").read_text().splitlines() if "valid step" in line]
+    assert len(evaluations) == 2
+    assert all(
+        re.search(r"\(\d+ s: scoring [\d.]+, images [\d.]+, checkpoints [\d.]+\)$", line)
+        for line in evaluations
+    )
     tags = scalar_and_image_tags(run / "tb")
     assert {"train/loss", "valid/bleu", "valid/chrf"} <= set(tags["scalars"])
     assert tags["images"] and all(tag.startswith("attention/sent0/") for tag in tags["images"])

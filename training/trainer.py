@@ -59,7 +59,7 @@ from training.run_folder import resume_command, resume_path, unlock_run_folder
 from training.schedule import Schedule
 from training.step import count_skipped, make_optimizer, train_step
 from training.stopping import Interrupted, StopRequest, agree, stop_reason, total_steps
-from training.validation import draw_samples, log_scores, record, validate
+from training.validation import EvalSeconds, draw_samples, log_scores, record, validate
 
 log = logging.getLogger(__name__)
 
@@ -275,17 +275,19 @@ class Trainer:
         if not self.world.main:
             self.rank_rngs()  # for rank 0's checkpoint, once it has validated
             return
-        p, tick = self.progress, time.perf_counter()
+        p, ticks = self.progress, [time.perf_counter()]
         scores, found, hyps = validate(
             self.model, self.data, self.eval_batch_tokens, self.device, self.autocast
         )
         if self.ema is not None:  # the average is scored beside the weights; they decide best.pt
             scores |= {f"ema_{k}": v for k, v in self.validate_weights(self.ema.state_dict()).items()}
+        ticks.append(time.perf_counter())
         # the x axis of comparisons: training time so far, evaluations included
         self.board.scalars(
             {f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": self.seconds()}, p.step
         )
         draw_samples(self.board, self.model, self.data, found, hyps, self.tc.attention_samples, p.step)
+        ticks.append(time.perf_counter())
         improved = record(p, scores, self.epochs_done())
         p.train_seconds = self.seconds()
         self.board.flush()
@@ -298,7 +300,8 @@ class Trainer:
         keep = max(self.tc.keep_last or 0, self.tc.average_last or 0)
         if keep:
             keep_recent(self.ckpt_dir, p.step, keep)
-        log_scores(p, scores, improved, time.perf_counter() - tick)
+        ticks.append(time.perf_counter())
+        log_scores(p, scores, improved, EvalSeconds(*(b - a for a, b in zip(ticks, ticks[1:]))))
 
     def validate_weights(self, state: Dict[str, Any]) -> Dict[str, float]:
         """Validation scores of the weights ``state`` (the model's own come back after)."""

@@ -6,7 +6,7 @@ references (the test splits are scored by the same ``corpus_scores``)."""
 import logging
 import math
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Dict, List, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, NamedTuple, Sequence, Tuple
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -120,9 +120,24 @@ def draw_samples(
     board.samples(sources, references, hyps[:n], step)
 
 
-def log_scores(p: Progress, scores: Dict[str, float], improved: bool, seconds: float) -> None:
+class EvalSeconds(NamedTuple):
+    """Where an evaluation's time went: scoring the validation split (its loss and greedy
+    decoding), the attention images and samples for TensorBoard, the checkpoint writes."""
+
+    scoring: float
+    images: float
+    checkpoints: float
+
+    def __str__(self) -> str:
+        return (
+            f"{sum(self):.0f} s: scoring {self.scoring:.1f}, images {self.images:.1f}, "
+            f"checkpoints {self.checkpoints:.1f}"
+        )
+
+
+def log_scores(p: Progress, scores: Dict[str, float], improved: bool, seconds: EvalSeconds) -> None:
     log.info(
-        "valid step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f%s (%.0f s)",
+        "valid step %d: loss %.3f ppl %.2f BLEU %.2f chrF %.2f%s (%s)",
         p.step,
         scores["loss"],
         scores["ppl"],
