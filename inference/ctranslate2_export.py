@@ -44,6 +44,11 @@ def export_problem(model_config: Dict[str, Any]) -> Optional[str]:
             f"model.attention={model_config['attention']}: CTranslate2's Transformer has scaled dot-product "
             "attention only (translate it with translate.py)"
         )
+    if model_config.get("qk_norm"):
+        return (
+            "model.qk_norm=true: CTranslate2's attention scales by 1/sqrt(d_k), not a learned scale over "
+            "normalised queries and keys (translate it with translate.py)"
+        )
     return None
 
 

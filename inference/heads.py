@@ -4,7 +4,7 @@
   over its keys: near 0 a head looks at one key, ``log S`` spreads evenly over ``S`` keys.
 - **Importance** (Michel et al. 2019, "Are Sixteen Heads Really Better than One?"): how much the
   per-token loss (NLL, teacher-forced) rises when that head alone is masked, its output set to 0
-  before the heads are mixed (``models/attention.py``: ``head_mask``). A negative value: the model
+  before the heads are mixed (``models/attention.py``: ``masked_heads``). A negative value: the model
   does better without it.
 
 Every kind of attention is measured (``encoder_self``, ``decoder_self``, ``cross``), layer by layer
@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from data.batching import Batch, ParallelDataset
 from data.specials import PAD_ID
 from inference.decoding import ordered_batches
+from models.attention import masked_heads
 
 Key = Tuple[str, int, int]  # (kind, layer, head), layer and head 1-based
 
@@ -93,10 +94,7 @@ def head_stats(model: nn.Module, dataset: ParallelDataset, batch_tokens: int = 4
             for head in range(1, module.n_heads + 1):
                 mask = torch.ones(module.n_heads, device=next(model.parameters()).device)  # (H,)
                 mask[head - 1] = 0.0
-                module.head_mask = mask
-                try:
+                with masked_heads({module: mask}):
                     importance = loss_and_entropy(model, data, need_weights=False)[0] - loss
-                finally:
-                    module.head_mask = None
                 stats.append(HeadStats(kind, layer, head, entropy[kind, layer, head], importance))
     return stats

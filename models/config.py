@@ -41,6 +41,11 @@ def value_problem(cfg: Any) -> Tuple[str, str]:
             return key, f"must be {' or '.join(allowed)}, got {values[key]!r}"
     if values["attention"] not in ATTENTION[values["name"]]:
         return "attention", f"must be {' or '.join(ATTENTION[values['name']])}, got {values['attention']!r}"
+    if values.get("qk_norm") and values["attention"] == "additive":
+        return (
+            "qk_norm",
+            "normalises the queries and keys of a dot product; additive attention has none: leave it false",
+        )
     for key in RATES:
         if key in values and not 0.0 <= values[key] < 1.0:
             return key, f"must be in [0, 1), got {values[key]}"
@@ -79,6 +84,7 @@ class RNNConfig:
     attention: str = "additive"
     attention_size: int = 256  # d_a of additive, d_k of scaled_dot, heads x d_k of multihead
     attention_heads: int = 4  # heads of multihead attention (the other choices have one)
+    qk_norm: bool = False  # general, scaled_dot, multihead: unit queries and keys, a learned scale
     dropout: float = 0.2  # on embeddings, between layers and on the pre-output layer
     tie_output: bool = True  # output projection shares the target embedding
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary only)
@@ -102,6 +108,7 @@ class TransformerConfig:
     # Every attention of the model (encoder self, decoder self, cross): scaled_dot (multi-head) or
     # additive (multi-head additive); each one's formula is in its class, models/attention.py.
     attention: str = "scaled_dot"
+    qk_norm: bool = False  # scaled_dot: unit queries and keys per head, a learned scale (Henry et al. 2020)
     norm: str = "pre"  # pre (LayerNorm before each sub-layer, a final LayerNorm) or post
     positions: str = "sinusoidal"  # sinusoidal or learned
     max_positions: int = 1024  # longest sequence learned positions cover

@@ -81,10 +81,10 @@ def cross_attention(cfg: RNNConfig) -> AttentionFunction:
     query, memory, size = cfg.hidden_size, 2 * cfg.hidden_size, cfg.attention_size
     choices = {
         "additive": lambda: AdditiveAttention(query, memory, size),
-        "general": lambda: GeneralAttention(query, memory),
-        "scaled_dot": lambda: ScaledDotAttention(query, memory, size),
+        "general": lambda: GeneralAttention(query, memory, qk_norm=cfg.qk_norm),
+        "scaled_dot": lambda: ScaledDotAttention(query, memory, size, qk_norm=cfg.qk_norm),
         "multihead": lambda: MultiHeadAttention(
-            size, cfg.attention_heads, query_size=query, key_size=memory, out_size=memory
+            size, cfg.attention_heads, query_size=query, key_size=memory, out_size=memory, qk_norm=cfg.qk_norm
         ),
     }
     return choices[cfg.attention]()

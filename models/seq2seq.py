@@ -22,7 +22,7 @@ has no self-attention (empty lists). ``encode(..., need_weights=True)`` puts ``e
 ``Encoded.attention``. Every row sums to 1 over the keys it may see and is 0 at the others.
 
 ``attention_modules()`` gives the attention functions behind those maps, in the same dict of
-lists (each one's ``head_mask`` masks heads: ``models/attention.py``).
+lists (``models/attention.py``'s ``masked_heads`` masks their heads).
 
 ``max_positions`` is the longest source or output the model can take (None: no limit).
 

@@ -18,14 +18,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from models.attention import (
-    MultiHeadAdditiveAttention,
-    MultiHeadAttention,
-    causal_mask,
-    combine_masks,
-    key_mask,
-    padding_mask_from_ids,
-)
+from models.attention import MultiHeadAttention, causal_mask, combine_masks, key_mask
 from models.config import TransformerConfig
 from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding
 from models.seq2seq import Attention, Encoded
@@ -35,15 +28,16 @@ LayerCache = Dict[str, Tensor]  # self_k, self_v (B, H, t, d_k) so far; cross_k,
 
 def target_self_mask(tgt_in: Tensor, pad_id: int) -> Tensor:
     """``(B, T)`` target ids -> ``(B, 1, T, T)``: earlier positions only, and no padding keys."""
-    tgt_keys = key_mask(padding_mask_from_ids(tgt_in, pad_id))  # (B, 1, 1, T)
+    tgt_keys = key_mask(tgt_in != pad_id)  # (B, 1, 1, T)
     return combine_masks(causal_mask(tgt_in.size(1), device=tgt_in.device), tgt_keys)  # (B, 1, T, T)
 
 
 def make_attention(cfg: TransformerConfig) -> MultiHeadAttention:
     """One attention of the model, of the function ``model.attention`` names (every attention of a
     model is of the same function)."""
-    kind = MultiHeadAdditiveAttention if cfg.attention == "additive" else MultiHeadAttention
-    return kind(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+    return MultiHeadAttention(
+        cfg.d_model, cfg.n_heads, cfg.attention_dropout, score=cfg.attention, qk_norm=cfg.qk_norm
+    )
 
 
 class FeedForward(nn.Module):

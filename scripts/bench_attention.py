@@ -38,11 +38,9 @@ from torch import nn
 from models.attention import (
     AdditiveAttention,
     GeneralAttention,
-    MultiHeadAdditiveAttention,
     MultiHeadAttention,
     ScaledDotAttention,
     key_mask,
-    padding_mask_from_lengths,
 )
 
 FUNCTIONS = ["additive", "general", "scaled_dot", "multihead", "multihead weights", "multihead additive"]
@@ -139,7 +137,7 @@ def function_modules(dim: int, heads: int) -> Dict[str, nn.Module]:
         "scaled_dot": ScaledDotAttention(dim, dim, dim),
         "multihead": MultiHeadAttention(dim, heads),
         "multihead weights": MultiHeadAttention(dim, heads),
-        "multihead additive": MultiHeadAdditiveAttention(dim, heads),
+        "multihead additive": MultiHeadAttention(dim, heads, score="additive"),
     }
 
 
@@ -149,7 +147,9 @@ def self_attention_input(batch: int, dim: int, length: int, device: str):
     x = torch.randn(batch, length, dim, device=device, requires_grad=True)  # (B, L, D)
     lengths = torch.randint(max(1, length // 2), length + 1, (batch,), device=device)  # (B,)
     lengths[0] = length
-    return x, padding_mask_from_lengths(lengths, length)  # (B, L, D), (B, L)
+    return x, torch.arange(length, device=device) < lengths.unsqueeze(
+        1
+    )  # (B, L, D), (B, L) True at real positions
 
 
 def function_steps(

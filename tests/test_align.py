@@ -21,9 +21,9 @@ from inference.translator import Translator, load_model
 from models.attention import (
     AdditiveAttention,
     GeneralAttention,
-    MultiHeadAdditiveAttention,
     MultiHeadAttention,
     ScaledDotAttention,
+    masked_heads,
 )
 
 from helpers import assert_one_error_line, translate, write_lines
@@ -67,14 +67,15 @@ def test_a_bad_method_is_one_line(layer, heads, reading, message):
 
 
 @pytest.mark.parametrize("need_weights", [False, True])  # the fused kernel and the explicit path
-@pytest.mark.parametrize("cls", [MultiHeadAttention, MultiHeadAdditiveAttention])
-def test_a_masked_head_adds_nothing_to_the_output(cls, need_weights, seed):
-    attention = cls(d_model=8, n_heads=2).eval()
+@pytest.mark.parametrize("score", ["scaled_dot", "additive"])
+def test_a_masked_head_adds_nothing_to_the_output(score, need_weights, seed):
+    attention = MultiHeadAttention(d_model=8, n_heads=2, score=score).eval()
     x = torch.randn(2, 5, 8)
     with torch.no_grad():
-        attention.head_mask = torch.tensor([1.0, 0.0])
-        masked, _ = attention(x, x, x, need_weights=need_weights)
-        attention.head_mask = None
+        with masked_heads({attention: torch.tensor([1.0, 0.0])}):
+            masked, _ = attention(x, x, x, need_weights=need_weights)
+        unmasked, _ = attention(x, x, x, need_weights=need_weights)
+        assert not torch.allclose(masked, unmasked)  # the mask ends with the block
         attention.out_proj.weight[:, 4:] = 0.0  # W_O's columns that read head 2
         by_hand, _ = attention(x, x, x, need_weights=need_weights)
     torch.testing.assert_close(masked, by_hand)
@@ -88,8 +89,8 @@ def test_a_masked_head_adds_nothing_to_the_output(cls, need_weights, seed):
 def test_masking_the_one_head_of_a_single_head_attention_leaves_no_context(make, seed):
     attention = make().eval()
     query, memory = torch.randn(2, 3, 6), torch.randn(2, 4, 8)
-    attention.head_mask = torch.tensor([0.0])
-    context, weights = attention(query, memory, memory, need_weights=True)
+    with masked_heads({attention: torch.tensor([0.0])}):
+        context, weights = attention(query, memory, memory, need_weights=True)
     assert torch.equal(context, torch.zeros(2, 3, 8))
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 1, 3))  # the weights are as they were
 
@@ -101,17 +102,21 @@ def test_the_masks_are_taken_off_when_a_measurement_fails(trained_synthetic_mode
     from data.batching import ParallelDataset
 
     dataset = ParallelDataset(tokenizer.encode_src(["a b c"]), tokenizer.encode_tgt(["c b a"]))
+    data = [dataset.batch(list(range(len(dataset))))]
     measure = heads.loss_and_entropy
+    unmasked = measure(model, data, need_weights=False)[0]
+    calls = []
 
     def failing(model, data, need_weights=True):
-        if any(m.head_mask is not None for kind in model.attention_modules().values() for m in kind):
+        calls.append(need_weights)
+        if len(calls) == 3:  # the entropy pass, the baseline, then the first pass with a head masked
             raise RuntimeError("out of memory")
         return measure(model, data, need_weights)
 
     monkeypatch.setattr(heads, "loss_and_entropy", failing)
     with pytest.raises(RuntimeError, match="out of memory"):
         head_stats(model, dataset)
-    assert all(m.head_mask is None for kind in model.attention_modules().values() for m in kind)
+    assert measure(model, data, need_weights=False)[0] == unmasked  # no head is masked any more
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -240,7 +245,6 @@ def test_every_head_has_its_entropy_and_importance(family, trained_synthetic_mod
     longest = int(max(dataset.src_lengths().max(), dataset.tgt_lengths().max()))
     assert all(0.0 <= s.entropy <= math.log(longest) for s in stats)
     assert max(s.importance for s in stats) > 0.01  # some head matters to a model that reverses
-    assert all(m.head_mask is None for kind in modules.values() for m in kind)  # masks taken off again
     assert "## Heads" in (runs[family] / "report.md").read_text(encoding="utf-8")
 
 

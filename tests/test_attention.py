@@ -7,18 +7,14 @@ from torch import nn
 from models.attention import (
     AdditiveAttention,
     GeneralAttention,
-    MultiHeadAdditiveAttention,
     MultiHeadAttention,
     ScaledDotAttention,
     causal_mask,
     combine_masks,
     key_mask,
-    masked_softmax_,
-    padding_mask_from_lengths,
-    scaled_dot_product_attention,
-    scaled_dot_product_explicit,
-    scaled_dot_product_fused,
+    masked_softmax,
 )
+from models.config import RNNConfig, TransformerConfig
 
 B, T, S, D, H = 3, 5, 7, 16, 4
 
@@ -38,7 +34,8 @@ def torch_mha_copy(ours: MultiHeadAttention) -> nn.MultiheadAttention:
 
 
 def padding(lengths, size):
-    return padding_mask_from_lengths(torch.tensor(lengths), size)  # (B, size)
+    """``(B, size)``: True at the first ``lengths[b]`` positions of each row."""
+    return torch.arange(size) < torch.tensor(lengths).unsqueeze(1)  # (B, size)
 
 
 # --- multi-head attention against torch.nn.MultiheadAttention ------------------------------------
@@ -114,7 +111,7 @@ def test_mha_rejects_d_model_not_divisible_by_heads():
         MultiHeadAttention(10, 4)
 
 
-# --- the two scaled dot-product paths --------------------------------------------------------------
+# --- the two paths of the scaled dot product: explicit (with the weights) and the fused kernel -----
 
 
 def mixed_masks():
@@ -129,29 +126,24 @@ def mixed_masks():
     }
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("name", list(mixed_masks()))
-def test_explicit_path_equals_fused_path(name):
+def test_explicit_path_equals_fused_path(name, qk_norm):
     mask = mixed_masks()[name]
-    q, k, v = torch.randn(B, H, T, 8), torch.randn(B, H, S, 8), torch.randn(B, H, S, 6)
-    explicit, weights = scaled_dot_product_explicit(q, k, v, mask)
-    fused = scaled_dot_product_fused(q, k, v, mask)
-    assert explicit.shape == fused.shape == (B, H, T, 6) and weights.shape == (B, H, T, S)
+    mha = MultiHeadAttention(D, H, qk_norm=qk_norm)
+    nn.init.normal_(mha.out_proj.bias)
+    query, memory = torch.randn(B, T, D), torch.randn(B, S, D)
+    explicit, weights = mha(query, memory, memory, mask, need_weights=True)
+    fused, none = mha(query, memory, memory, mask)
+    assert explicit.shape == fused.shape == (B, T, D) and weights.shape == (B, H, T, S) and none is None
     torch.testing.assert_close(explicit, fused, atol=1e-5, rtol=1e-5)
-
-
-def test_explicit_path_is_the_formula():
-    q, k, v = torch.randn(B, H, T, 8), torch.randn(B, H, S, 8), torch.randn(B, H, S, 6)
-    out, weights = scaled_dot_product_explicit(q, k, v)
-    expected_weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
-    torch.testing.assert_close(weights, expected_weights)
-    torch.testing.assert_close(out, expected_weights @ v)
 
 
 def test_masked_softmax_overwrites_only_masked_scores_and_zeroes_them():
     original = torch.randn(2, 3, 4)
     scores = original.clone().requires_grad_()
     mask = torch.tensor([True, False, True, False]).expand(2, 3, 4)
-    weights = masked_softmax_(scores.clone(), mask)
+    weights = masked_softmax(scores.clone(), mask)
     assert (weights[..., 1::2] == 0).all()
     torch.testing.assert_close(weights[..., ::2], torch.softmax(original[..., ::2], dim=-1))
     # Gradients equal those of a softmax over the visible keys only; masked scores get zero.
@@ -162,7 +154,7 @@ def test_masked_softmax_overwrites_only_masked_scores_and_zeroes_them():
     torch.testing.assert_close(grad[..., ::2], expected)
     assert (grad[..., 1::2] == 0).all()
     in_place = original.clone()
-    masked_softmax_(in_place, mask)
+    masked_softmax(in_place, mask)
     assert torch.equal(in_place[..., ::2], original[..., ::2])  # visible scores are left alone
 
 
@@ -181,7 +173,21 @@ SINGLE_HEAD = {  # name -> (module of query size 6 and key size 10, a(q, k) for 
         lambda: ScaledDotAttention(query_size=6, key_size=10, d_k=8),
         lambda m, q, k: (m.query_proj.weight @ q) @ (m.key_proj.weight @ k) / math.sqrt(8),
     ),
+    # qk_norm (Henry et al. 2020): g times the cosine of query and key
+    "general, qk_norm": (
+        lambda: GeneralAttention(query_size=6, key_size=10, qk_norm=True),
+        lambda m, q, k: m.qk_scale * unit(q) @ unit(m.key_proj.weight @ k),
+    ),
+    "scaled_dot, qk_norm": (
+        lambda: ScaledDotAttention(query_size=6, key_size=10, d_k=8, qk_norm=True),
+        lambda m, q, k: m.qk_scale * unit(m.query_proj.weight @ q) @ unit(m.key_proj.weight @ k),
+    ),
 }
+
+
+def unit(x):
+    """``x / ||x||``: a vector of length 1."""
+    return x / torch.sqrt((x * x).sum())
 
 
 def softmax_by_hand(scores: dict) -> dict:
@@ -256,6 +262,8 @@ def multi_head_by_hand(mha, query, key, value, visible, additive: bool):
         if additive:
             w_v = mha.score_proj[h]
             score = lambda t, s, q=q, k=k, w_v=w_v: w_v @ torch.tanh(q[t] + k[s])  # noqa: E731
+        elif mha.qk_norm:
+            score = lambda t, s, q=q, k=k: mha.qk_scale * unit(q[t]) @ unit(k[s])  # noqa: E731
         else:
             score = lambda t, s, q=q, k=k: q[t] @ k[s] / math.sqrt(d_k)  # noqa: E731
         head_weights, head_out = by_hand(score, v, visible, query.size(0), key.size(0))
@@ -269,17 +277,34 @@ def multi_head_by_hand(mha, query, key, value, visible, additive: bool):
 
 MULTI_HEAD = {  # name -> a multi-head module
     "scaled_dot": lambda: MultiHeadAttention(D, H),  # the Transformer's: every size d_model
-    "additive": lambda: MultiHeadAdditiveAttention(D, H),
+    "additive": lambda: MultiHeadAttention(D, H, score="additive"),
     # the RNN's multihead: a decoder state of 6 attends over encoder states of 10 and returns 10
     "scaled_dot, the RNN's sizes": lambda: MultiHeadAttention(8, 2, query_size=6, key_size=10, out_size=10),
+    "scaled_dot, qk_norm": lambda: MultiHeadAttention(D, H, qk_norm=True),
 }
+
+
+def test_qk_norm_learns_its_scale_from_log2_of_l_squared_minus_l():
+    """g starts at log2(32^2 - 32) (Henry et al.'s initial value at a length of 32) and is trained."""
+    mha = MultiHeadAttention(D, H, qk_norm=True)
+    assert mha.qk_scale.item() == pytest.approx(math.log2(32**2 - 32))
+    x = torch.randn(B, T, D)
+    mha(x, x, x)[0].pow(2).sum().backward()
+    assert mha.qk_scale.grad is not None and mha.qk_scale.grad != 0
+    with pytest.raises(ValueError, match="qk_norm"):
+        MultiHeadAttention(D, H, score="additive", qk_norm=True)
+    assert not hasattr(MultiHeadAttention(D, H), "qk_scale")  # off: the parameters are as before
+    for config in (RNNConfig, TransformerConfig):
+        with pytest.raises(
+            ValueError, match="model.qk_norm normalises the queries and keys of a dot product"
+        ):
+            config(attention="additive", qk_norm=True)
 
 
 @pytest.mark.parametrize("mask_name", ["padding", "padding and queries", "causal and padding"])
 @pytest.mark.parametrize("name", list(MULTI_HEAD))
 def test_multi_head_functions_equal_their_formula(name, mask_name):
     mha = MULTI_HEAD[name]().double()
-    kind = type(mha)
     nn.init.normal_(mha.out_proj.bias)  # an empty row returns zeros, not this bias
     query = torch.randn(B, T, mha.q_proj.in_features, dtype=torch.float64)
     memory = torch.randn(B, S, mha.k_proj.in_features, dtype=torch.float64)
@@ -294,7 +319,7 @@ def test_multi_head_functions_equal_their_formula(name, mask_name):
                 memory[b],
                 memory[b],
                 lambda t, s, b=b: bool(full[b, 0, t, s]),
-                kind is MultiHeadAdditiveAttention,
+                mha.additive,
             )
             torch.testing.assert_close(out[b], expected_out)
             if need_weights:
@@ -304,7 +329,7 @@ def test_multi_head_functions_equal_their_formula(name, mask_name):
 
 @pytest.mark.parametrize("need_weights", [True, False])
 def test_multi_head_additive_causal_flag_equals_the_causal_mask(need_weights):
-    mha = MultiHeadAdditiveAttention(D, H)
+    mha = MultiHeadAttention(D, H, score="additive")
     x = torch.randn(B, T, D)
     flag, _ = mha(x, x, x, causal=True, need_weights=need_weights)
     mask, _ = mha(x, x, x, mask=causal_mask(T), need_weights=need_weights)
@@ -347,7 +372,7 @@ def attention_calls():
     """name -> (module, fn(mask) -> (output, weights or None)) for a (B, 1, 1, S) key mask."""
     additive = AdditiveAttention(D, D, 12)
     mha = MultiHeadAttention(D, H)
-    mh_additive = MultiHeadAdditiveAttention(D, H)
+    mh_additive = MultiHeadAttention(D, H, score="additive")
     query, memory = torch.randn(B, T, D), torch.randn(B, S, D)
     return {
         "additive": (additive, lambda m: additive(query, memory, memory, mask=m, need_weights=True)),
@@ -499,25 +524,15 @@ def test_causal_mask_keeps_earlier_outputs_independent_of_later_inputs():
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
-def test_causal_flag_equals_the_explicit_causal_mask(need_weights):
-    q, k, v = torch.randn(B, H, T, 8), torch.randn(B, H, T, 8), torch.randn(B, H, T, 6)
-    out, _ = scaled_dot_product_attention(q, k, v, causal=True, need_weights=need_weights)
-    expected, weights = scaled_dot_product_explicit(q, k, v, causal_mask(T))
+def test_causal_flag_hides_the_future_as_the_explicit_causal_mask_does(need_weights):
+    mha = MultiHeadAttention(D, H)
+    x = torch.randn(B, T, D)
+    out, _ = mha(x, x, x, causal=True, need_weights=need_weights)
+    expected, weights = mha(x, x, x, causal_mask(T), need_weights=True)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    above_diagonal = ~causal_mask(T).expand_as(weights)
-    assert (weights[above_diagonal] == 0).all()
-    _, flag_weights = scaled_dot_product_attention(q, k, v, causal=True, need_weights=True)
+    assert (weights[~causal_mask(T).expand_as(weights)] == 0).all()
+    _, flag_weights = mha(x, x, x, causal=True, need_weights=True)
     assert torch.equal(flag_weights, weights)
-
-
-@pytest.mark.parametrize("need_weights", [False, True])
-def test_causal_flag_with_a_padding_mask_hides_both(need_weights):
-    q, k, v = torch.randn(B, H, T, 8), torch.randn(B, H, T, 8), torch.randn(B, H, T, 6)
-    pad = key_mask(padding([5, 3, 0], T))  # the last sequence has no visible key
-    out, _ = scaled_dot_product_attention(q, k, v, pad, causal=True, need_weights=need_weights)
-    expected, _ = scaled_dot_product_explicit(q, k, v, combine_masks(causal_mask(T), pad))
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-    assert (out[2] == 0).all()
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -540,14 +555,12 @@ def test_mha_causal_flag_equals_causal_mask(need_weights):
 @pytest.mark.parametrize("need_weights", [False, True])
 def test_causal_flag_refuses_more_keys_than_queries(need_weights):
     """``is_causal`` is top-left aligned: wrong for queries after cached keys, so it is refused."""
-    q, k, v = torch.randn(B, H, 2, 8), torch.randn(B, H, S, 8), torch.randn(B, H, S, 6)
-    with pytest.raises(ValueError, match="causal"):
-        scaled_dot_product_attention(q, k, v, causal=True, need_weights=need_weights)
-    with pytest.raises(ValueError, match="causal"):
-        scaled_dot_product_attention(
-            q, k, v, key_mask(padding([7, 4, 2], S)), causal=True, need_weights=need_weights
-        )
     mha = MultiHeadAttention(D, H)
+    query, memory = torch.randn(B, 2, D), torch.randn(B, S, D)
+    with pytest.raises(ValueError, match="causal"):
+        mha(query, memory, memory, causal=True, need_weights=need_weights)
+    with pytest.raises(ValueError, match="causal"):
+        mha(query, memory, memory, key_mask(padding([7, 4, 2], S)), causal=True, need_weights=need_weights)
     x = torch.randn(B, T, D)
     cached_k, cached_v = mha.project_kv(x, x)  # (B, H, T, d_k): T earlier steps
     new = torch.randn(B, 1, D)

@@ -22,7 +22,7 @@ from common.checkpoint import load_checkpoint, save_checkpoint
 from data.corpus import read_lines, split_files
 from inference.align_method import Method
 from inference.ctranslate2_engine import choose_device, load_translator, missing_cuda_libraries
-from inference.ctranslate2_export import export_checkpoint, read_export
+from inference.ctranslate2_export import export_checkpoint, export_problem, read_export
 from inference.translator import Translator
 from models.build import build_model
 from models.config import config_from_dict
@@ -222,6 +222,14 @@ def test_a_transformer_with_additive_attention_is_refused_in_one_line(trained_at
         done, "model.attention=additive: CTranslate2's Transformer has scaled dot-product attention only"
     )
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_transformer_with_qk_norm_is_refused():
+    config = {"name": "transformer", "attention": "scaled_dot", "qk_norm": True}
+    assert export_problem(config).startswith(
+        "model.qk_norm=true: CTranslate2's attention scales by 1/sqrt(d_k)"
+    )
+    assert export_problem(dict(config, qk_norm=False)) is None
 
 
 def test_an_existing_folder_is_never_replaced(checkpoint, tmp_path):

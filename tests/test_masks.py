@@ -1,44 +1,30 @@
 import pytest
 import torch
 
-from models.attention import (
-    causal_mask,
-    combine_masks,
-    key_mask,
-    padding_mask_from_ids,
-    padding_mask_from_lengths,
-)
+from data.batching import pad, source_mask
+from data.specials import PAD_ID
+from models.attention import causal_mask, combine_masks, key_mask
+from models.transformer import target_self_mask
 
 
-def test_padding_mask_from_lengths_marks_real_positions():
-    mask = padding_mask_from_lengths(torch.tensor([3, 1, 4]))
+def test_the_source_mask_is_true_at_real_tokens_and_false_at_pad():
+    """The one source mask of the project (training, evaluation, translation)."""
+    ids = pad([[5, 6], [7], [8, 9, 4, 4]])
+    mask = source_mask(ids)
     assert mask.dtype == torch.bool and mask.shape == (3, 4)
-    assert mask.sum(dim=1).tolist() == [3, 1, 4]
-    for row, length in zip(mask, [3, 1, 4]):
-        assert row[:length].all() and not row[length:].any()
+    assert mask.sum(dim=1).tolist() == [2, 1, 4] and torch.equal(mask, ids != PAD_ID)
 
 
-def test_padding_mask_from_lengths_pads_to_max_len_and_rejects_short_max_len():
-    assert padding_mask_from_lengths(torch.tensor([2, 0]), max_len=5).shape == (2, 5)
-    assert not padding_mask_from_lengths(torch.tensor([2, 0]), max_len=5)[1].any()
-    with pytest.raises(ValueError, match="max_len=2"):
-        padding_mask_from_lengths(torch.tensor([3]), max_len=2)
-
-
-def test_padding_mask_from_ids_hides_pad_tokens():
-    ids = torch.tensor([[5, 6, 0, 0], [7, 0, 8, 0]])
-    mask = padding_mask_from_ids(ids, pad_id=0)
-    assert torch.equal(mask, ids != 0)
-
-
-def test_padding_masks_from_lengths_and_ids_agree():
-    lengths = torch.tensor([4, 2, 1])
-    ids = torch.where(padding_mask_from_lengths(lengths), torch.tensor(9), torch.tensor(1))
-    assert torch.equal(padding_mask_from_ids(ids, pad_id=1), padding_mask_from_lengths(lengths))
+def test_the_transformers_target_mask_hides_the_future_and_padding():
+    tgt_in = pad([[1, 5, 6], [1, 7]])  # the second sentence padded at position 2
+    mask = target_self_mask(tgt_in, PAD_ID)  # (B, 1, T, T)
+    assert mask.shape == (2, 1, 3, 3)
+    assert torch.equal(mask[0, 0], causal_mask(3))
+    assert torch.equal(mask[1, 0], causal_mask(3) & torch.tensor([True, True, False]))
 
 
 def test_key_mask_shapes_broadcast_over_queries_and_heads():
-    padding = padding_mask_from_lengths(torch.tensor([2, 3]))  # (B, S)
+    padding = torch.tensor([[True, True, False], [True, True, True]])  # (B, S)
     assert key_mask(padding).shape == (2, 1, 1, 3)
     scores = torch.zeros(2, 4, 5, 3)  # (B, H, T, S)
     assert torch.equal(key_mask(padding).expand_as(scores)[1, 2, 3], padding[1])
@@ -62,7 +48,7 @@ def test_causal_mask_with_cached_keys_is_aligned_bottom_right():
 
 def test_combine_masks_intersects_with_broadcasting():
     causal = causal_mask(3)  # (T, T)
-    padding = key_mask(padding_mask_from_lengths(torch.tensor([3, 2])))  # (B, 1, 1, T)
+    padding = key_mask(torch.tensor([[True, True, True], [True, True, False]]))  # (B, 1, 1, T)
     combined = combine_masks(causal, None, padding)
     assert combined.shape == (2, 1, 3, 3)
     assert torch.equal(combined[0, 0], causal)
