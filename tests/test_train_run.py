@@ -173,11 +173,12 @@ def test_the_debug_experiment_writes_every_output_of_a_run(multi30k_slice, tmp_p
     evaluations = [line for line in (run / "train.log").read_text().splitlines() if "valid step" in line]
     assert len(evaluations) == 2
     assert all(
-        re.search(r"\(\d+ s: scoring [\d.]+, images [\d.]+, checkpoints [\d.]+\)$", line)
+        re.search(r"\(\d+ s: scoring [\d.]+, attention [\d.]+, checkpoints [\d.]+\)$", line)
         for line in evaluations
     )
     tags = scalar_and_image_tags(run / "tb")
-    assert {"train/loss", "valid/bleu", "valid/chrf"} <= set(tags["scalars"])
+    assert {"train/loss", "valid/bleu", "valid/chrf", "entropy/cross/layer1/head1"} <= set(tags["scalars"])
+    assert "collapsed" not in (run / "train.log").read_text()  # a healthy run says nothing of it
     assert tags["images"] and all(tag.startswith("attention/sent0/") for tag in tags["images"])
     assert {tag for tag in tags["tensors"] if tag.startswith("samples/")} == {"samples/sent0/text_summary"}
 

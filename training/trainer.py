@@ -16,7 +16,7 @@ import time
 from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from common.device import (
 )
 from data.batching import Batch, TokenBucketSampler, collate
 from data.config import DataConfig
-from data.corpus import TRAIN
+from data.corpus import TRAIN, VALID
 from data.loading import collated
 from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
 from data.sampling import Resegmenter
@@ -59,7 +59,7 @@ from training.run_folder import resume_command, resume_path, unlock_run_folder
 from training.schedule import Schedule
 from training.step import count_skipped, make_optimizer, train_step
 from training.stopping import Interrupted, StopRequest, agree, stop_reason, total_steps
-from training.validation import EvalSeconds, draw_samples, log_scores, record, validate
+from training.validation import EvalSeconds, draw_samples, log_scores, record, validate, watch_entropy
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,7 @@ class Trainer:
         self.stop: Optional[StopRequest] = None  # the signals fit() was given to heed
         self.resumed = False  # whether resume() restored a checkpoint
         self.window = LogWindow()  # the steps since the last log line
+        self.collapsed: Set[Tuple[int, int]] = set()  # cross-attention (layer, head)s said to have collapsed
         self.max_steps: Optional[int] = None  # the limit of the fit() in progress
         self.started = time.perf_counter()  # the clock of the loop; fit() sets it back by the time resumed
 
@@ -285,6 +286,9 @@ class Trainer:
         # the x axis of comparisons: training time so far, evaluations included
         self.board.scalars(
             {f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": self.seconds()}, p.step
+        )
+        watch_entropy(
+            self.board, self.model, self.data.datasets[VALID], self.eval_batch_tokens, p.step, self.collapsed
         )
         draw_samples(self.board, self.model, self.data, found, hyps, self.tc.attention_samples, p.step)
         ticks.append(time.perf_counter())

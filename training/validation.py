@@ -1,12 +1,14 @@
 """An evaluation during training: validation loss and perplexity, greedy BLEU and chrF, attention
-images and the attention viewer's maps, sample translations; the scores decide ``best.pt`` and
-early stopping. Corpus BLEU and chrF are sacrebleu's, on detokenized text against the raw
-references (the test splits are scored by the same ``corpus_scores``)."""
+images and the attention viewer's maps, each attention's entropy (and a line when a cross-attention
+collapses), sample translations; the scores decide ``best.pt`` and early stopping. Corpus BLEU and
+chrF are sacrebleu's, on detokenized text against the raw references (the test splits are scored
+by the same ``corpus_scores``)."""
 
 import logging
 import math
+from collections import defaultdict
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Dict, List, NamedTuple, Sequence, Tuple
+from typing import Callable, ContextManager, Dict, List, NamedTuple, Sequence, Set, Tuple
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -17,6 +19,7 @@ from data.corpus import VALID
 from data.pipeline import PreparedData
 from data.specials import PAD_ID
 from inference.decoding import decode_ids, detokenize, ordered_batches, output_attention
+from inference.heads import Key, loss_and_entropy
 from models.search import Hypothesis
 from training.board import Board
 from training.progress import Progress
@@ -24,6 +27,15 @@ from training.step import label_smoothed_nll
 from viewer.summaries import Texts
 
 log = logging.getLogger(__name__)
+
+# The entropy of every attention's weights (nats, the mean over real query rows, teacher-forced) is
+# measured at each evaluation on the first ENTROPY_PAIRS validation pairs. A cross-attention head
+# under COLLAPSE_NATS has collapsed: its average row puts about 99.5% of its weight on one source
+# position, whatever the word. Healthy ones measured on Multi30k sit far above it (0.8-1.9 nats;
+# Luong's general score 0.13); the RNN's collapsed dot products measured 0.000-0.001
+# (docs/attention_grid_de_en.md).
+ENTROPY_PAIRS = 200
+COLLAPSE_NATS = 0.05
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, float]:
@@ -80,6 +92,57 @@ def validate(
     return scores, found, hyps
 
 
+def attention_entropy(model: nn.Module, dataset: ParallelDataset, batch_tokens: int) -> Dict[Key, float]:
+    """Every head's mean entropy over the first ``ENTROPY_PAIRS`` pairs of ``dataset``."""
+    n = min(ENTROPY_PAIRS, len(dataset))
+    first = ParallelDataset([dataset.src[i] for i in range(n)], [dataset.tgt[i] for i in range(n)])
+    return loss_and_entropy(model, list(ordered_batches(first, batch_tokens)))[1]
+
+
+def entropy_scalars(entropy: Dict[Key, float]) -> Dict[str, float]:
+    """TensorBoard scalars of ``attention_entropy``: each attention kind's mean per layer
+    (``entropy/<kind>/layer<l>``) and each cross-attention head (``entropy/cross/layer<l>/head<h>``)."""
+    layers: Dict[Tuple[str, int], List[float]] = defaultdict(list)
+    for (kind, layer, _), value in entropy.items():
+        layers[kind, layer].append(value)
+    scalars = {f"entropy/{kind}/layer{layer}": sum(v) / len(v) for (kind, layer), v in layers.items()}
+    heads = {(layer, head): v for (kind, layer, head), v in entropy.items() if kind == "cross"}
+    return scalars | {f"entropy/cross/layer{layer}/head{head}": v for (layer, head), v in heads.items()}
+
+
+def collapsed_heads(entropy: Dict[Key, float]) -> List[Tuple[int, int, float]]:
+    """``(layer, head, entropy)`` of every cross-attention head under ``COLLAPSE_NATS``."""
+    found = sorted(entropy.items())
+    return [(layer, head, v) for (kind, layer, head), v in found if kind == "cross" and v < COLLAPSE_NATS]
+
+
+def collapse_line(layer: int, head: int, nats: float) -> str:
+    """What ``train.log`` says when a cross-attention head collapses, and what to try."""
+    return (
+        f"cross-attention layer {layer} head {head} collapsed: mean entropy {nats:.3f} nats on the first "
+        f"{ENTROPY_PAIRS} validation pairs (under {COLLAPSE_NATS}), nearly all its weight on one source "
+        "position; try a lower trainer.lr, or model.qk_norm=true for a dot-product score"
+    )
+
+
+def watch_entropy(
+    board: Board,
+    model: nn.Module,
+    dataset: ParallelDataset,
+    batch_tokens: int,
+    step: int,
+    said: Set[Tuple[int, int]],
+) -> None:
+    """Every attention's entropy on ``dataset`` as scalars, and a line for each cross-attention head
+    that has collapsed and is not in ``said`` (the heads said before in this run; added to it)."""
+    entropy = attention_entropy(model, dataset, batch_tokens)
+    board.scalars(entropy_scalars(entropy), step)
+    for layer, head, nats in collapsed_heads(entropy):
+        if (layer, head) not in said:
+            said.add((layer, head))
+            log.warning(collapse_line(layer, head, nats))
+
+
 def record(p: Progress, scores: Dict[str, float], epochs: float) -> bool:
     """Add an evaluation to the history and the early-stopping count; whether it is the best so far."""
     improved = scores["bleu"] > p.best_bleu
@@ -122,15 +185,15 @@ def draw_samples(
 
 class EvalSeconds(NamedTuple):
     """Where an evaluation's time went: scoring the validation split (its loss and greedy
-    decoding), the attention images and samples for TensorBoard, the checkpoint writes."""
+    decoding), the attention (entropy, images and samples for TensorBoard), the checkpoint writes."""
 
     scoring: float
-    images: float
+    attention: float
     checkpoints: float
 
     def __str__(self) -> str:
         return (
-            f"{sum(self):.0f} s: scoring {self.scoring:.1f}, images {self.images:.1f}, "
+            f"{sum(self):.0f} s: scoring {self.scoring:.1f}, attention {self.attention:.1f}, "
             f"checkpoints {self.checkpoints:.1f}"
         )
 
