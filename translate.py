@@ -235,14 +235,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_args(args)
         # The one deferred import: torch and the models load only once the command line is known to be good.
         from common.checkpoint import CheckpointError
-        from inference.translator import Translator
+        from inference.engines import translator_for
 
         try:
             with (
                 Output(args.output, args.nbest is not None, args.alignments, args.plot) as out,
                 show_warnings(),
             ):
-                translator = Translator.for_engine(
+                translator = translator_for(
                     args.engine, args.checkpoint, args.device, args.dtype, args.threads
                 )
                 if args.alignments or args.plot:

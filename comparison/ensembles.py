@@ -54,7 +54,7 @@ def split_text(run: Run, split: str) -> Tuple[List[str], List[str]]:
     relative ``data.root`` is taken from the current folder, as train.py took it); the references
     must be the ones the run scored against (its ``<split>.ref``)."""
     from data.config import data_config
-    from data.corpus import corpus_splits
+    from data.sources import corpus_splits
 
     if run.config is None:
         raise CompareError(f"{run.path} has no .hydra/config.yaml: its test data cannot be found")

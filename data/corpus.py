@@ -197,21 +197,6 @@ def own_splits(files: Dict[str, FilePair]) -> Dict[str, FileSplit]:
     return {split: FileSplit(Path(pair.src), Path(pair.tgt)) for split, pair in files.items()}
 
 
-def corpus_splits(cfg: DataConfig) -> Corpus:
-    """The splits the config names: ``files``, else ``root``, else the hub. Nothing is read yet."""
-    if cfg.src == cfg.tgt:
-        raise DataError(f"data.src and data.tgt are both '{cfg.src}': choose two different languages")
-    if cfg.files:
-        return own_splits(cfg.files)
-    if cfg.root:
-        return folder_splits(Path(cfg.root), cfg.src, cfg.tgt)
-    if cfg.hub:
-        from data.hub import hub_splits  # imported here: data/hub.py reads files with this module
-
-        return hub_splits(cfg)
-    raise DataError("the data config names no source: set data.root=DIR, data.files or data.hub")
-
-
 # --- cleaning -----------------------------------------------------------------------------------
 
 

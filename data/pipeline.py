@@ -29,9 +29,10 @@ import sentencepiece as spm
 
 from data.batching import ParallelDataset, TokenBucketSampler, padding_ratio
 from data.config import DataConfig
-from data.corpus import TRAIN, VALID, Corpus, corpus_splits, describe_source, eval_split_names
+from data.corpus import TRAIN, VALID, Corpus, describe_source, eval_split_names
 from data.encoding import chunked, encode_chunks, encode_pairs, keep_mask, select, usable_cores
 from data.errors import DataError
+from data.sources import corpus_splits
 from data.store import StoreWriter, TextArrays, TokenStore, ids_dtype, open_store, store_key
 from data.tokenizer import SAMPLE, Tokenizer, build_tokenizer, spm_options
 

@@ -14,8 +14,8 @@ Several checkpoints of one vocabulary decode as an ensemble (``models.ensemble``
 ``ValueError`` at once (``models.search_options.SearchOptions`` checks them). Sentences are sorted by
 length and decoded ``batch_size`` at a time by the translator's engine: ``models.search.search``
 over a checkpoint's model (greedy for a beam of 1), or CTranslate2 over an export
-(``inference.ctranslate2_engine.load_translator``; ``Translator.for_engine`` picks either by name,
-as ``translate.py --engine`` does). ``Translation.lines`` is a result as ``translate.py`` prints it.
+(``inference.ctranslate2_engine.load_translator``; ``inference.engines.translator_for`` picks either
+by name, as ``translate.py --engine`` does). ``Translation.lines`` is a result as ``translate.py`` prints it.
 A blank sentence gives an empty translation (score 0) without decoding. A sentence longer than the
 model takes is cut, with a warning on the logger ``inference.translator``.
 """
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from common.checkpoint import CheckpointError, load_checkpoint
-from common.device import decode_precision, pick_device, precision_name, set_threads, use_precision
+from common.device import decode_precision, pick_device, precision_name, use_precision
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
@@ -325,28 +325,6 @@ class Translator:
         model = models[0] if len(models) == 1 else Ensemble(models)
         engine = TorchEngine(model, device, **shared_precision(dtype, payloads))
         return cls(engine, loaded[0][1], mean_alpha(payloads))
-
-    @classmethod
-    def for_engine(
-        cls,
-        engine: str,
-        paths: Sequence[Union[str, Path]],
-        device: str = "auto",
-        dtype: Optional[str] = None,
-        threads: int = 0,
-    ) -> "Translator":
-        """The translator of ``translate.py --engine``: ``torch`` decodes the checkpoints ``paths``
-        (``from_checkpoints``), ``ctranslate2`` the one export folder ``paths[0]``
-        (``inference.ctranslate2_engine.load_translator``, which takes no ``dtype``). ``threads``: the
-        CPU threads of the engine (0: its default)."""
-        if engine == "ctranslate2":
-            # Imported here: that module imports this one, and only its engine needs the ctranslate2 library.
-            from inference.ctranslate2_engine import load_translator
-
-            return load_translator(paths[0], device, threads)
-        if threads:
-            set_threads(pick_device(device), threads)
-        return cls.from_checkpoints(paths, device, dtype)
 
     def translate(
         self,

@@ -69,8 +69,8 @@ def multi30k_dir(tmp_path_factory) -> Path:
         return beside
     from common.files import write_lines
     from data.config import data_config
-    from data.corpus import corpus_splits
     from data.errors import DataError
+    from data.sources import corpus_splits
 
     cfg = data_config(OmegaConf.load(ROOT / "conf" / "data" / "multi30k.yaml"))
     cfg.cache_dir = str(ROOT / cfg.cache_dir)

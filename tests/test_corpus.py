@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from data.config import DataConfig, FilePair, HubConfig
-from data.corpus import corpus_splits, decode_lines, eval_split_names, folder_splits, read_lines
+from data.corpus import decode_lines, eval_split_names, folder_splits, read_lines
 from data.errors import DataError
 from data.pipeline import TrainText
+from data.sources import corpus_splits
 
 from helpers import read_all
 

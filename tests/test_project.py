@@ -2,6 +2,7 @@
 packages import from any folder without a ``sys.path`` edit anywhere, its metadata names them,
 and its pins are those of requirements.txt."""
 
+import ast
 import importlib.metadata
 import os
 import re
@@ -102,3 +103,56 @@ def test_the_dependencies_are_the_pins_of_requirements_txt():
     pins = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
     project = pyproject()["project"]
     assert project["dependencies"] + project["optional-dependencies"]["dev"] == pins
+
+
+def module_imports(files) -> dict:
+    """``{module: the project's modules it imports}`` (imports inside functions too) of the
+    packages' ``.py`` files ``{module name: source text}``."""
+    graph = {name: set() for name in files}
+    for name, text in files.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    graph[name] |= {full} if full in files else {node.module} & set(files)
+            elif isinstance(node, ast.Import):
+                graph[name] |= {alias.name for alias in node.names} & set(files)
+        graph[name].discard(name)
+    return graph
+
+
+def import_circles(graph: dict) -> list:
+    """Every module that reaches itself through the imports of ``graph``, with the path back."""
+    circles = []
+    for start in sorted(graph):
+        paths, seen = [[start]], set()
+        while paths:
+            path = paths.pop()
+            for after in sorted(graph[path[-1]]):
+                if after == start:
+                    circles.append(" -> ".join(path + [start]))
+                elif after not in seen:
+                    seen.add(after)
+                    paths.append(path + [after])
+    return circles
+
+
+def test_no_module_imports_a_module_that_imports_it_back():
+    """No import circle in the packages, directly or around, imports inside functions counted."""
+    files = {}
+    for path in python_files():
+        relative = path.relative_to(ROOT)
+        if relative.parts[0] in PACKAGES:
+            name = ".".join(relative.with_suffix("").parts)
+            files[name.removesuffix(".__init__")] = path.read_text(encoding="utf-8")
+    assert "inference.translator" in files and "data.corpus" in files
+    assert import_circles(module_imports(files)) == []
+
+
+def test_the_circle_finder_finds_a_circle_around_three_modules():
+    files = {"a": "from b import x", "b": "def f():\n    from c import y", "c": "import a", "d": "import a"}
+    assert import_circles(module_imports(files)) == [
+        "a -> b -> c -> a",
+        "b -> c -> a -> b",
+        "c -> a -> b -> c",
+    ]
