@@ -1,44 +1,29 @@
 """Translate with a trained checkpoint: ``python translate.py --checkpoint PATH [SENTENCE ...]``.
 
 Sentences come from the arguments, ``--input FILE`` or standard input (one a line); translations
-go to standard output or ``--output FILE``, one a line in the input order (an empty line gives an
-empty line). On a terminal with no sentences given, it prompts and translates line by line.
-Within the tool, sentences are sorted by length and decoded ``--batch-size`` at a time.
+go to standard output or ``--output FILE``, one a line in the input order. On a terminal with no
+sentences given, it prompts and translates line by line. ``--beam``/``--alpha`` choose the search,
+``--nbest N`` prints ``index ||| hypothesis ||| score`` lines, ``--alignments`` appends Pharaoh word
+alignments from the cross-attention (``--align-layer/--align-heads/--align-reading`` choose the maps;
+``--plot DIR`` draws them), several ``--checkpoint`` decode as an ensemble, and ``--engine
+ctranslate2`` decodes an export folder; ``python translate.py --help`` and docs/translation.md say
+more. Bad input prints one ``error:`` line and exits with 1 (2 for a bad command line); torch and
+the models load only once the command line has been checked.
 
-- ``--beam N`` (default 5; 1 is greedy) with the GNMT length penalty ``--alpha`` (default: the
-  run's ``trainer.length_penalty``, else 1.0).
-- ``--nbest N``: ``N`` lines ``index ||| hypothesis ||| score`` per sentence (index from 0, score the
-  length-normalised log-probability), best first.
-- ``--alignments``: a tab, then Pharaoh word alignments ``i-j`` (source word ``i``, output word
-  ``j``, from 0) after each translation, from the model's cross-attention over its own output fed
-  back teacher-forced (``inference/forced_alignment.py``), summed into words
-  (``inference/alignment.py``). ``--plot DIR``: one PNG heatmap of it per sentence.
-  ``--align-layer N|all``, ``--align-heads N[,N]|all`` and ``--align-reading predict|read`` choose
-  the maps (``inference/align_method.py``; without them each family's measured default).
-- ``--checkpoint A.pt --checkpoint B.pt``: an ensemble (``models/ensemble.py``: the mean of the
-  models' log-probabilities, each model with its own decoder state) of models that share their
-  SentencePiece model, else one ``error:`` line; ``--alpha`` defaults to the runs' mean.
-- ``--engine ctranslate2 --checkpoint EXPORT_DIR``: decode with CTranslate2 over a folder of
-  ``scripts/export_ctranslate2.py``, with the same options and outputs but for ensembles and
-  ``--dtype`` (``inference/ctranslate2_engine.py``). ``--threads N``: the CPU threads of either engine.
-
-Bad input (missing or foreign checkpoint, bad option, unreadable file) prints one ``error:`` line
-on standard error and exits with 1 (2 for a bad command line). Torch and the models are imported
-only after the command line has been checked, so mistakes are reported at once.
-
-A thin command line over ``inference.translator.Translator`` (the Python API) and
-``inference/command_line.py`` (model paths, input, output file, plots, warnings): this file parses
-and checks the arguments, runs the loop and turns errors into exit codes.
+A thin command line over ``inference.translator.Translator`` (the Python API, chosen by
+``inference.engines``) and ``inference/command_line.py`` (model paths, input, output file, plots,
+warnings): this file parses and checks the arguments, runs the loop and turns errors into exit
+codes.
 """
 
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 # None of these imports torch: the command line is checked before torch and the models load.
 from data.errors import DataError
-from inference.align_method import READINGS, Method, parse_method
+from inference.align_method import READINGS, parse_method
 from inference.command_line import Output, UsageError, check_model_path, read_input, show_warnings
 from inference.ctranslate2_export import ExportError
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, SearchOptionError, SearchOptions
@@ -84,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--engine",
-        choices=("torch", "ctranslate2"),
+        choices=("torch", "ctranslate2"),  # inference/engines.py
         default="torch",
         help="torch: our own search over a checkpoint; ctranslate2: a folder of scripts/export_ctranslate2.py",
     )
@@ -94,21 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--alpha",
         type=float,
-        default=None,
         help="GNMT length penalty (default: the run's trainer.length_penalty, else 1.0)",
     )
-    add(
-        "--nbest",
-        type=int,
-        default=None,
-        help="print the N best hypotheses as 'index ||| hypothesis ||| score'",
-    )
-    add(
-        "--batch-size",
-        type=int,
-        default=None,
-        help="sentences decoded together (default: 64 on the CPU, 1024 on a GPU)",
-    )
+    add("--nbest", type=int, help="print the N best hypotheses as 'index ||| hypothesis ||| score'")
+    add("--batch-size", type=int, help="sentences decoded together (default: 64 on the CPU, 1024 on a GPU)")
     add("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     add(
         "--dtype",
@@ -138,15 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_args(args: argparse.Namespace) -> None:
-    """Range and consistency checks that need no heavy import; raises ``UsageError``."""
-    try:
+def check_args(args: argparse.Namespace) -> Dict[str, Any]:
+    """Range and consistency checks that need no heavy import (``UsageError``); the keyword arguments
+    of ``Translator.translate`` that the command line sets, decided here once."""
+    try:  # the search options' own checks (alpha None: the run's, checked once it is loaded)
         SearchOptions(
-            beam_size=args.beam,
-            alpha=args.alpha or 0.0,  # None: the run's, which the Translator checks once it is loaded
-            nbest=args.nbest or 1,
-            max_len_ratio=args.max_len_ratio,
-            max_len_extra=args.max_len_extra,
+            args.beam, args.alpha or 0.0, args.nbest or 1, None, args.max_len_ratio, args.max_len_extra
         )
     except SearchOptionError as error:
         raise UsageError(f"{OPTION_FLAGS[error.name]} {error.value}: {error.problem}") from None
@@ -166,7 +137,14 @@ def check_args(args: argparse.Namespace) -> None:
         )
     for path in args.checkpoint:
         check_model_path(Path(path), args.engine)
-    method = align_method(args)  # checked here, before torch loads
+    method = None  # the --align-* choice (a flag left out: all layers, all heads, predict), else the family's
+    if args.align_layer is not None or args.align_heads is not None or args.align_reading is not None:
+        try:
+            method = parse_method(
+                args.align_layer or "all", args.align_heads or "all", args.align_reading or "predict"
+            )
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     if method is not None and not (args.alignments or args.plot):
         raise UsageError(
             "--align-layer/--align-heads/--align-reading choose the maps of --alignments or --plot: give one"
@@ -178,36 +156,19 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if args.input and not Path(args.input).is_file():
         raise UsageError(f"input file {args.input} does not exist")
-
-
-def align_method(args: argparse.Namespace) -> Optional[Method]:
-    """The ``--align-*`` choice (a flag left out: all layers, all heads, predict), or None when none
-    is given (each family's default method)."""
-    if args.align_layer is None and args.align_heads is None and args.align_reading is None:
-        return None
-    try:
-        return parse_method(
-            args.align_layer or "all", args.align_heads or "all", args.align_reading or "predict"
-        )
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-
-
-def translate_options(args: argparse.Namespace) -> Dict[str, Any]:
-    """The keyword arguments of ``Translator.translate`` the command line sets."""
     return dict(
         beam=args.beam,
         alpha=args.alpha,
         nbest=args.nbest or 1,
         batch_size=args.batch_size,
         alignments=bool(args.alignments or args.plot),  # plots need the word attention too
-        align_method=align_method(args),
+        align_method=method,
         max_len_ratio=args.max_len_ratio,
         max_len_extra=args.max_len_extra,
     )
 
 
-def interactive(translator: "Translator", out: Output, args: argparse.Namespace) -> None:
+def interactive(translator: "Translator", out: Output, options: Dict[str, Any]) -> None:
     """A prompt on the terminal: each line entered is translated at once; Ctrl-D ends."""
     print("Type a sentence and press Enter to translate it; Ctrl-D ends.", file=sys.stderr)
     index = 0
@@ -218,21 +179,20 @@ def interactive(translator: "Translator", out: Output, args: argparse.Namespace)
             print(file=sys.stderr)
             return
         line = line.rstrip("\r\n")
-        results = translator.translate([line], first_line=index + 1, **translate_options(args))
+        results = translator.translate([line], first_line=index + 1, **options)
         out.write(index, [line], results)
         index += 1
 
 
-def translate_all(translator: "Translator", out: Output, args: argparse.Namespace) -> None:
+def translate_all(translator: "Translator", out: Output, lines: List[str], options: Dict[str, Any]) -> None:
     """Every input line (the arguments, the input file or piped standard input) into ``out``."""
-    lines = read_input(args.sentences, args.input)
-    out.write(0, lines, translator.translate(lines, **translate_options(args)))
+    out.write(0, lines, translator.translate(lines, **options))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        check_args(args)
+        options = check_args(args)
         # The one deferred import: torch and the models load only once the command line is known to be good.
         from common.checkpoint import CheckpointError
         from inference.engines import translator_for
@@ -245,12 +205,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 translator = translator_for(
                     args.engine, args.checkpoint, args.device, args.dtype, args.threads
                 )
-                if args.alignments or args.plot:
-                    translator.check_alignment(align_method(args))  # before the first line, also at a prompt
+                if options["alignments"]:  # the method checked before the first line, also at a prompt
+                    translator.check_alignment(options["align_method"])
                 if not args.sentences and not args.input and sys.stdin.isatty():
-                    interactive(translator, out, args)
+                    interactive(translator, out, options)
                 else:
-                    translate_all(translator, out, args)
+                    translate_all(translator, out, read_input(args.sentences, args.input), options)
         except CheckpointError as error:
             raise UsageError(str(error)) from None
     except (UsageError, DataError, ValueError, ExportError) as error:
