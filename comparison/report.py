@@ -1,7 +1,7 @@
 """The Markdown report of ``scripts/compare.py``: the runs' table, the sacrebleu signatures, the
 significance sections, the seeds' table, the grid of architecture and attention (when the runs
-cross them), the configurations of one seed beside those of 2+ and the sections at equal
-budgets, in that order.
+cross them), the configurations of one seed beside those of 2+, the learning-rate curves (when
+runs differ by their rate) and the sections at equal budgets, in that order.
 """
 
 import json
@@ -12,6 +12,7 @@ from comparison.budgets import budget_sections
 from comparison.curves import Curves
 from comparison.formats import format_mean_std, format_minutes, format_score
 from comparison.grid import grid_section
+from comparison.rates import rate_curves, rates_section
 from comparison.runs import Run, group_labels, groups_of, test_splits, valid_scores
 from comparison.significance import across_seeds_section, paired_bootstrap, significance_table
 
@@ -128,9 +129,10 @@ def report(
     samples: int,
     curves: Optional[Dict[Path, Optional[Curves]]] = None,
     minutes_step: float = 5.0,
+    entropy: Optional[Dict[Path, Optional[float]]] = None,
 ) -> str:
     """The Markdown report; ``curves`` (``run_curves`` of each run, by its path) make the budget
-    sections."""
+    sections, ``entropy`` (``cross_entropy`` of each run) the learning-rate tables' last column."""
     splits = test_splits(runs)
     lines = ["## Runs", ""] + runs_table(runs, splits) + [""]
     lines.append(
@@ -173,6 +175,7 @@ def report(
         lines += across_seeds_section(groups, split, samples)
     lines += grid_section(groups, splits)
     lines += single_seed_section(groups, splits)
+    lines += rates_section(rate_curves(runs), entropy or {})
     if curves is not None:
         lines += budget_sections(groups, curves, minutes_step)
     return "\n".join(lines) + "\n"

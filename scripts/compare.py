@@ -32,6 +32,11 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
   (``--minutes-step``) and after 1, 2, 3, ... epochs, with which group leads at each budget and
   where Welch's t-test over the seeds shows the lead (among the groups of 2+ seeds, when there
   are some);
+- the learning rate, when runs differ only by ``trainer.lr`` and the seed
+  (``+experiment=attention_lr``): per configuration and rate the validation BLEU of each seed
+  and their mean, the cross-attention's entropy at the last evaluation (with the collapsed
+  runs), and the best rate, said to lie inside the range or at an end of it; the figure
+  ``learning_rates.png`` draws both against the rate, a line per configuration;
 - ``comparison.png``: validation BLEU against training minutes and against epochs, per group the
   mean over its seeds and a band from the lowest to the highest seed (one run: its curve), read
   from each run's TensorBoard event files (``valid/bleu`` and ``valid/train_seconds`` at each
@@ -54,6 +59,7 @@ from pathlib import Path
 from common.files import AtomicFile
 from comparison.curves import run_curves
 from comparison.figure import plot
+from comparison.rates import cross_entropy, plot_rates, rate_curves
 from comparison.report import report
 from comparison.runs import RESULTS, CompareError, collect_runs, groups_of
 from data.errors import DataError
@@ -113,7 +119,11 @@ def main(argv=None) -> int:
         out = out_folder(args)
         if not out.is_dir():
             raise CompareError(f"--out {out}: no such folder")
-        markdown = report(runs, args.bootstrap, curves, args.minutes_step)
+        rates = rate_curves(runs)
+        entropy = {
+            run.path: cross_entropy(run) for curve in rates.values() for rs in curve.values() for run in rs
+        }
+        markdown = report(runs, args.bootstrap, curves, args.minutes_step, entropy)
         if args.ensemble:
             from comparison.ensembles import ensemble_runs, ensembles_section, score_ensembles
 
@@ -126,6 +136,9 @@ def main(argv=None) -> int:
         if not args.no_plot:
             plot(groups_of(runs), curves, out / "comparison.png")
             written.append(out / "comparison.png")
+            if rates:
+                plot_rates(rates, entropy, out / "learning_rates.png")
+                written.append(out / "learning_rates.png")
         missing = [run.name for run in runs if curves[run.path] is None]
         if missing:
             print(

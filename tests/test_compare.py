@@ -1155,3 +1155,66 @@ def test_a_real_sweep_has_the_format_these_tests_write_and_compares(multi30k_sli
     assert [(row[1], row[2]) for row in table(out, "Runs")] == [("rnn", "1"), ("rnn", "2")]
     assert [row[:2] for row in table(out, "Seeds")] == [["tiny_rnn", "2"]]
     assert "warning: no validation curve" not in err and (sweep / "comparison.png").is_file()
+
+
+# --- the learning rate (+experiment=attention_lr) ---------------------------------------------------
+
+# (attention, rate, seed, best valid BLEU, cross-attention entropy at the end)
+RATE_JOBS = [
+    ("additive", "2e-3", 1, 20.0, 1.9),
+    ("additive", "4e-3", 1, 30.0, 1.8),
+    ("additive", "8e-3", 1, 34.0, 1.7),
+    ("scaled_dot", "2e-3", 1, 20.0, 1.4),
+    ("scaled_dot", "4e-3", 1, 28.0, 1.1),
+    ("scaled_dot", "4e-3", 2, 26.0, 1.0),
+    ("scaled_dot", "8e-3", 1, 25.0, 0.001),
+    ("scaled_dot", "8e-3", 2, 23.0, 0.9),
+]
+
+
+@pytest.fixture(scope="module")
+def rates_report(refs, tmp_path_factory):
+    from torch.utils.tensorboard import SummaryWriter
+
+    folder = tmp_path_factory.mktemp("rates") / "multirun"
+    for number, (attention, rate, seed, bleu, nats) in enumerate(RATE_JOBS):
+        overrides = ["+experiment=attention_lr", "model=rnn", f"model.attention={attention}"]
+        overrides += [f"trainer.lr={rate}", f"seed={seed}"]
+        job = sweep_job(folder, number, overrides)
+        write_run(job, refs, refs, overrides, curve=((2, 30.0, bleu - 5), (4, 66.0, bleu)))
+        writer = SummaryWriter(log_dir=str(job / "tb"))
+        writer.add_scalar("entropy/cross/layer1", 2.0, 2)  # the last evaluation's counts, not this one
+        writer.add_scalar("entropy/cross/layer1", nats, 4)
+        writer.add_scalar("entropy/cross/layer1/head1", 0.0, 4)  # a head: not the layer's mean
+        writer.close()
+    code, out, err = compare(folder, "--bootstrap", 10)
+    assert code == 0, err
+    return folder, out
+
+
+def test_the_learning_rate_section_has_a_curve_per_attention_with_its_best_rate(rates_report):
+    folder, markdown = rates_report
+    section = markdown.split("## Learning rate\n", 1)[1].split("\n## ", 1)[0]
+    additive, scaled_dot = section.split("`rnn +experiment=attention_lr model.attention=scaled_dot`")
+    assert "`rnn +experiment=attention_lr model.attention=additive`" in additive
+    rows = [line for line in scaled_dot.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows == [
+        "| 0.002 | 1 | 20.00 | 20.00 | 1.400 |",
+        "| **0.004** | 1, 2 | 28.00, 26.00 | 27.00 | 1.050 |",
+        "| 0.008 | 1, 2 | 25.00, 23.00 | 24.00 | 0.450 (1 collapsed) |",
+    ]
+    assert "Best rate 0.004 (inside the range)." in scaled_dot
+    assert "Best rate 0.008 (at an end of the range: try rates beyond it)." in additive
+    assert (folder / "learning_rates.png").stat().st_size > 10_000
+
+
+def test_the_attention_lr_experiment_fits_each_familys_schedule_to_3_epochs():
+    from helpers import compose
+
+    for family in ("rnn", "transformer"):
+        cfg = compose(["+experiment=attention_lr", f"model={family}", "trainer.lr=3e-3"], hydra_config=True)
+        default = compose([f"model={family}"])
+        assert cfg.trainer.max_epochs == 3 and cfg.trainer.lr == 3e-3
+        assert cfg.trainer.schedule == default.trainer.schedule == "cosine"  # fitted to the 3 epochs
+        assert cfg.hydra.sweep.dir.startswith("multirun/attention_lr/")
+        assert dict(cfg.hydra.sweeper.params) == {"model.attention": "additive,scaled_dot", "seed": "1"}

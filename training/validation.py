@@ -14,6 +14,7 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 from torch import nn
 
+from common.collapse import COLLAPSE_NATS
 from data.batching import ParallelDataset
 from data.corpus import VALID
 from data.pipeline import PreparedData
@@ -29,13 +30,9 @@ from viewer.summaries import Texts
 log = logging.getLogger(__name__)
 
 # The entropy of every attention's weights (nats, the mean over real query rows, teacher-forced) is
-# measured at each evaluation on the first ENTROPY_PAIRS validation pairs. A cross-attention head
-# under COLLAPSE_NATS has collapsed: its average row puts about 99.5% of its weight on one source
-# position, whatever the word. Healthy ones measured on Multi30k sit far above it (0.8-1.9 nats;
-# Luong's general score 0.13); the RNN's collapsed dot products measured 0.000-0.001
-# (docs/attention_grid_de_en.md).
+# measured at each evaluation on the first ENTROPY_PAIRS validation pairs; a cross-attention head
+# under COLLAPSE_NATS has collapsed (common/collapse.py).
 ENTROPY_PAIRS = 200
-COLLAPSE_NATS = 0.05
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, float]:

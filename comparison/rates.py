@@ -1,0 +1,157 @@
+"""The learning-rate sensitivity of each configuration (``+experiment=attention_lr``): runs that
+differ only by ``trainer.lr`` and the seed form a curve; per rate the validation BLEU of each seed
+and their mean, and the cross-attention's entropy at the run's last evaluation (``entropy/cross/
+layer<l>`` in its TensorBoard events, the mean over layers: ``training/validation.py``), with the
+best rate and whether it lies inside the range. ``learning_rates.png`` draws both against the rate,
+a line per configuration.
+"""
+
+import json
+import statistics
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from common.collapse import COLLAPSE_NATS as COLLAPSED
+from common.files import AtomicFile
+from common.settings import flatten
+from comparison.formats import format_score
+from comparison.runs import NOT_A_SETTING, Run
+
+Curve = Dict[float, List[Run]]  # the peak rate -> its runs (one a seed)
+
+
+def rate_of(run: Run) -> Optional[float]:
+    """The run's peak learning rate, ``trainer.lr`` of its config."""
+    value = ((run.config or {}).get("trainer") or {}).get("lr")
+    return None if value is None else float(value)
+
+
+def curve_key(run: Run) -> str:
+    """The run's configuration but its seed and rate: the runs of one curve share it."""
+    settings = flatten(run.config or {})
+    kept = {k: v for k, v in settings.items() if not k.startswith(NOT_A_SETTING) and k != "trainer.lr"}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def curve_label(run: Run) -> str:
+    """The model and the overrides that make the configuration, but the rate."""
+    return " ".join([run.model_name(), *(o for o in run.settings() if not o.startswith("trainer.lr="))])
+
+
+def rate_curves(runs: Sequence[Run]) -> Dict[str, Curve]:
+    """Every configuration run at two or more rates: its label -> its runs by rate (rising)."""
+    curves: Dict[str, Dict[float, List[Run]]] = {}
+    labels: Dict[str, str] = {}
+    for run in runs:
+        rate = rate_of(run)
+        if run.config is None or rate is None:
+            continue
+        key = curve_key(run)
+        labels.setdefault(key, curve_label(run))
+        curves.setdefault(key, {}).setdefault(rate, []).append(run)
+    return {labels[k]: dict(sorted(c.items())) for k, c in curves.items() if len(c) > 1}
+
+
+def cross_entropy(run: Run) -> Optional[float]:
+    """The mean over layers of the cross-attention's entropy at the run's last evaluation, None
+    when its events hold none (a run from before the scalars)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if not (run.path / "tb").is_dir():
+        return None
+    events = EventAccumulator(str(run.path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = [
+        t for t in events.Tags().get("scalars", []) if t.startswith("entropy/cross/") and "/head" not in t
+    ]
+    last = [max(events.Scalars(tag), key=lambda e: e.step).value for tag in tags]
+    return statistics.fmean(last) if last else None
+
+
+def best_rate(curve: Curve) -> Tuple[float, bool]:
+    """The rate of the highest mean validation BLEU, and whether it lies inside the range."""
+    means = {rate: statistics.fmean(r.results["valid"]["bleu"] for r in runs) for rate, runs in curve.items()}
+    best = max(means, key=means.get)
+    return best, min(curve) < best < max(curve)
+
+
+def rates_section(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]]) -> List[str]:
+    """The report's section: a table per configuration, its best rate and the collapses."""
+    if not curves:
+        return []
+    lines = [
+        "",
+        "## Learning rate",
+        "",
+        "Runs that differ only by `trainer.lr` and the seed: validation BLEU (greedy, best evaluation) "
+        "of each seed and their mean, and the cross-attention's entropy at the last evaluation (nats, "
+        f"the mean over seeds; under {COLLAPSED} the attention has collapsed onto one source position). "
+        "The best rate is the highest mean; a best rate at an end of the range asks for a wider range.",
+    ]
+    for label, curve in curves.items():
+        best, inside = best_rate(curve)
+        lines += [
+            "",
+            f"`{label}`",
+            "",
+            "| peak lr | seeds | valid BLEU by seed | mean | cross-attention entropy |",
+        ]
+        lines.append("| ---: | --- | --- | ---: | ---: |")
+        for rate, runs in curve.items():
+            runs = sorted(runs, key=lambda r: r.seed if r.seed is not None else -1)
+            bleus = [r.results["valid"]["bleu"] for r in runs]
+            nats = [v for v in (entropy.get(r.path) for r in runs) if v is not None]
+            shown = f"{statistics.fmean(nats):.3f}" if nats else "-"
+            shown += (
+                f" ({sum(v < COLLAPSED for v in nats)} collapsed)" if any(v < COLLAPSED for v in nats) else ""
+            )
+            mark = "**" if rate == best else ""
+            lines.append(
+                f"| {mark}{rate:g}{mark} | {', '.join(str(r.seed) for r in runs)} | "
+                f"{', '.join(format_score(b) for b in bleus)} | {format_score(statistics.fmean(bleus))} | {shown} |"
+            )
+        where = "inside the range" if inside else "at an end of the range: try rates beyond it"
+        lines += ["", f"Best rate {best:g} ({where})."]
+    return lines
+
+
+def plot_rates(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]], path: Path) -> None:
+    """``learning_rates.png``: validation BLEU (each seed a dot, the mean a line) and the
+    cross-attention's entropy against the peak rate (log scale), a line per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for c, (label, curve) in enumerate(curves.items()):
+        color = colors[c % len(colors)]
+        rates = list(curve)
+        for rate, runs in curve.items():
+            left.plot(
+                [rate] * len(runs), [r.results["valid"]["bleu"] for r in runs], "o", color=color, alpha=0.5
+            )
+        means = [statistics.fmean(r.results["valid"]["bleu"] for r in curve[rate]) for rate in rates]
+        left.plot(rates, means, "-", color=color, label=label)
+        points = [
+            (rate, v) for rate in rates for v in [entropy.get(r.path) for r in curve[rate]] if v is not None
+        ]
+        if points:
+            right.plot(*zip(*points), "o", color=color, alpha=0.5)
+            by_rate = {rate: statistics.fmean(v for x, v in points if x == rate) for rate, _ in points}
+            right.plot(list(by_rate), list(by_rate.values()), "-", color=color, label=label)
+    right.axhline(COLLAPSED, color="grey", linestyle=":", linewidth=1, label=f"collapse ({COLLAPSED} nats)")
+    left.set_ylabel("validation BLEU (greedy, best evaluation)", fontsize=11)
+    right.set_ylabel("cross-attention entropy at the end (nats)", fontsize=11)
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate", fontsize=11)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=9)
+    fig.suptitle("Learning-rate sensitivity: each seed a dot, the mean a line", fontsize=12)
+    fig.tight_layout()
+    with AtomicFile(path, "wb") as out:
+        fig.savefig(out, format="png")
+    plt.close(fig)
