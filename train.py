@@ -91,7 +91,7 @@ def main(cfg: DictConfig) -> float:
     try:
         out_dir = agree_on_run_dir(cfg, Path(hydra_cfg.runtime.output_dir))
         trainer = prepare(cfg, out_dir)
-        if trainer.world.main:
+        if trainer.setup.world.main:
             record_config(out_dir, cfg)
         results = run(trainer)
         distributed.close()

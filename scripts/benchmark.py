@@ -301,20 +301,20 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         trainer.fit(max_steps=args.warmup + args.steps, evaluate_last=False)
         seconds, tokens = p.step_seconds - seconds, p.tgt_tokens - tokens
         epoch_tokens = int(
-            trainer.data.datasets[TRAIN].tgt_lengths().sum()
+            trainer.setup.data.datasets[TRAIN].tgt_lengths().sum()
         )  # target tokens + EOS of one epoch
-        if trainer.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(trainer.device)
+        if trainer.setup.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(trainer.setup.device)
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
         use = utilisation(trainer, tokens / seconds)  # after the peak: its passes are not training's
         trainer.close()  # after the profile's steps: a skipped step logs to the board
         return {
             "model": args.model,
-            "params": trainer.params,
-            "device": str(trainer.device),
+            "params": trainer.setup.params,
+            "device": str(trainer.setup.device),
             "threads": torch.get_num_threads(),
-            "batch_tokens": trainer.tc.batch_tokens,
+            "batch_tokens": trainer.setup.tc.batch_tokens,
             "warmup_steps": args.warmup,
             "steps": args.steps,
             "tgt_tokens_per_batch": round(tokens / args.steps, 1),
@@ -322,7 +322,7 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
             "tgt_tokens_per_s": round(tokens / seconds, 1),
             "peak_memory_mib": round(peak / 2**20, 1),
             "memory_kind": "peak CUDA allocated"
-            if trainer.device.type == "cuda"
+            if trainer.setup.device.type == "cuda"
             else "peak resident set (process)",
             "epoch_tgt_tokens": epoch_tokens,
             "epoch_minutes": round(epoch_tokens / (tokens / seconds) / 60, 2),
@@ -340,9 +340,9 @@ def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
     from common.device import precision_name
     from training.efficiency import mfu, peak_tflops, profiled_kernels, split, step_flops
 
-    device, tc = trainer.device, trainer.tc
+    device, tc = trainer.setup.device, trainer.setup.tc
     batches = [trainer.collate(b, trainer.progress.epoch) for b in list(trainer.sampler)[:FLOP_BATCHES]]
-    flops = step_flops(trainer.model, batches, tc, trainer.world, device, trainer.autocast)
+    flops = step_flops(trainer.setup.model, batches, tc, trainer.setup.world, device, trainer.setup.autocast)
     per_token = flops / sum(b.n_tgt_tokens for b in batches)
     precision = precision_name(device, tc.amp, tc.tf32)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -368,7 +368,7 @@ def measure_epochs(args: argparse.Namespace) -> Dict[str, Any]:
     """Train ``args.epochs`` epochs from scratch (no evaluation), each one's target tokens per second
     (its steps alone); then the greedy validation of the trained model twice (the first run pays
     for whatever a device does the first time) and each test split decoded at each of ``args.beams``,
-    as a run's evaluations and end do (``trainer.eval_batch_tokens``)."""
+    as a run's evaluations and end do (``trainer.setup.eval_batch_tokens``)."""
     import torch
 
     from data.corpus import VALID
@@ -379,7 +379,7 @@ def measure_epochs(args: argparse.Namespace) -> Dict[str, Any]:
     cfg = benchmark_config(args, f"trainer.max_epochs={args.epochs}", "trainer.max_steps=null")
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(cfg, Path(scratch))
-        p, tc = trainer.progress, trainer.tc
+        p, tc = trainer.progress, trainer.setup.tc
         steps_per_epoch = -(-len(trainer.sampler) // tc.accumulate)
         epochs = []
         for epoch in range(1, args.epochs + 1):
@@ -392,12 +392,8 @@ def measure_epochs(args: argparse.Namespace) -> Dict[str, Any]:
             )
             print(json.dumps(epochs[-1]), flush=True)  # what a run stopped at its time limit has done
         trainer.close()
-        model, data, device, batch_tokens = (
-            trainer.model,
-            trainer.data,
-            trainer.device,
-            trainer.eval_batch_tokens,
-        )
+        setup = trainer.setup
+        model, data, device, batch_tokens = setup.model, setup.data, setup.device, setup.eval_batch_tokens
 
         def timed(decode: Any) -> float:
             tick = time.perf_counter()
@@ -406,15 +402,13 @@ def measure_epochs(args: argparse.Namespace) -> Dict[str, Any]:
                 torch.cuda.synchronize(device)
             return round(time.perf_counter() - tick, 3)
 
-        validation = [
-            timed(lambda: validate(model, data, batch_tokens, device, trainer.autocast)) for _ in range(2)
-        ]
+        validation = [timed(lambda: validate(setup)) for _ in range(2)]
         decoding = []
         for split in data.test_splits:
             dataset = data.datasets[split]
             for beam in args.beams:
                 decode = partial(decode_ids, model, dataset, batch_tokens, device, beam, tc.length_penalty)
-                seconds = timed(partial(decode, autocast=trainer.autocast))
+                seconds = timed(partial(decode, autocast=setup.autocast))
                 decoding.append(
                     {
                         "split": split,

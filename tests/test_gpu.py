@@ -115,20 +115,27 @@ def test_model_family_learns_on_cuda(family, amp, cuda_run):
     """As the slice Transformer on the CPU: above 80 BLEU on its own 200 training pairs (greedy, in
     the run's precision), and the loss of the last 50 steps far below that of the first 50."""
     trainer, _ = cuda_run(family, amp)
-    assert trainer.device.type == "cuda" and next(trainer.model.parameters()).is_cuda
+    assert trainer.setup.device.type == "cuda" and next(trainer.setup.model.parameters()).is_cuda
     assert trainer.progress.step == STEPS and trainer.progress.skipped_steps == 0
-    assert (trainer.precision == "bfloat16") == amp
-    losses = [loss for _, loss in scalars(trainer.out_dir / "tb", "train/loss")]
+    assert (trainer.setup.precision == "bfloat16") == amp
+    losses = [loss for _, loss in scalars(trainer.setup.out_dir / "tb", "train/loss")]
     assert len(losses) == STEPS // 50 and losses[-1] < 0.25 * losses[0], losses
-    train = trainer.data.datasets[TRAIN]
-    references = trainer.data.tokenizer.decode_tgt(train.tgt)  # the (normalised) training targets
+    train = trainer.setup.data.datasets[TRAIN]
+    references = trainer.setup.data.tokenizer.decode_tgt(train.tgt)  # the (normalised) training targets
     hypotheses = translate_split(
-        trainer.model, train, trainer.data.tokenizer, 4000, trainer.device, autocast=trainer.autocast
+        trainer.setup.model,
+        train,
+        trainer.setup.data.tokenizer,
+        4000,
+        trainer.setup.device,
+        autocast=trainer.setup.autocast,
     )
     bleu = corpus_scores(hypotheses, references)["bleu"]
-    print(f"{family} {trainer.precision}: losses {losses}, BLEU {bleu:.1f} on {len(train)} training pairs")
+    print(
+        f"{family} {trainer.setup.precision}: losses {losses}, BLEU {bleu:.1f} on {len(train)} training pairs"
+    )
     assert bleu > 80.0, (
-        f"{family} ({trainer.precision}) reached only {bleu:.1f} BLEU on its own training pairs"
+        f"{family} ({trainer.setup.precision}) reached only {bleu:.1f} BLEU on its own training pairs"
     )
 
 
@@ -179,7 +186,7 @@ def test_a_run_stopped_and_resumed_on_cuda_ends_where_the_run_never_stopped_does
         run = trainer(tmp_path / name)
         run.fit(evaluate_last=False)
         run.close()
-        weights[name] = run.model.state_dict()
+        weights[name] = run.setup.model.state_dict()
     first = trainer(tmp_path / "stopped")
     assert "max_steps" in first.fit(max_steps=10)  # evaluates and saves last.pt at step 10
     first.close()
@@ -189,7 +196,7 @@ def test_a_run_stopped_and_resumed_on_cuda_ends_where_the_run_never_stopped_does
     assert resumed.resume() and resumed.progress.step == 10
     resumed.fit(evaluate_last=False)
     resumed.close()
-    assert resumed.device.type == "cuda" and resumed.progress.step == 20
+    assert resumed.setup.device.type == "cuda" and resumed.progress.step == 20
     # Not bitwise as on the CPU (tests/test_faults.py): a CUDA kernel that adds up with atomics may
     # add up in another order from call to call (docs/gpu_check.md says so), and torch has no
     # deterministic form of every kernel. So the resumed run must be as close to the run never
@@ -202,7 +209,7 @@ def test_a_run_stopped_and_resumed_on_cuda_ends_where_the_run_never_stopped_does
     for step, expected in losses["straight"].items():
         noise = abs(losses["again"][step] - expected)
         assert abs(stopped[step] - expected) <= 10 * noise + 1e-5 * expected, (step, stopped[step], expected)
-    for name, tensor in resumed.model.state_dict().items():
+    for name, tensor in resumed.setup.model.state_dict().items():
         expected = weights["straight"][name].float()
         noise = (weights["again"][name].float() - expected).abs().max().item()
         off = (tensor.float() - expected).abs().max().item()
@@ -300,8 +307,8 @@ def test_a_search_on_cuda_waits_for_the_device_once_every_8_steps(family, beam, 
     from models.search_options import SearchOptions
 
     trainer, _ = cuda_run(family, True)
-    model = trainer.model.eval()
-    ids = [row + [EOS_ID] for row in trainer.data.tokenizer.encode_src(unseen[:8])]
+    model = trainer.setup.model.eval()
+    ids = [row + [EOS_ID] for row in trainer.setup.data.tokenizer.encode_src(unseen[:8])]
     width = max(map(len, ids))
     src = torch.tensor([row + [PAD_ID] * (width - len(row)) for row in ids], device="cuda")
 
@@ -352,9 +359,18 @@ def test_the_flops_of_a_step_on_cuda_are_the_cpus(family, cuda_run):
 
     trainer, _ = cuda_run(family, True)
     batches = [trainer.collate(b, 0) for b in list(trainer.sampler)[:2]]
-    on_cuda = step_flops(trainer.model, batches, trainer.tc, trainer.world, trainer.device, trainer.autocast)
-    cpu_model = copy.deepcopy(trainer.model).cpu()
-    on_cpu = step_flops(cpu_model, batches, trainer.tc, trainer.world, torch.device("cpu"), nullcontext)
+    on_cuda = step_flops(
+        trainer.setup.model,
+        batches,
+        trainer.setup.tc,
+        trainer.setup.world,
+        trainer.setup.device,
+        trainer.setup.autocast,
+    )
+    cpu_model = copy.deepcopy(trainer.setup.model).cpu()
+    on_cpu = step_flops(
+        cpu_model, batches, trainer.setup.tc, trainer.setup.world, torch.device("cpu"), nullcontext
+    )
     assert on_cuda == on_cpu > 0
 
 
@@ -385,7 +401,7 @@ def test_the_default_dtype_is_the_runs_precision_and_bfloat16_still_translates(a
     """``dtype=None`` decodes as the run was trained (results.json's ``decode_dtype``); bf16
     decoding of a run trained either way still gives back the memorised references."""
     trainer, checkpoint = cuda_run("transformer", amp)
-    assert Translator.from_checkpoint(checkpoint, device="cuda").dtype == trainer.precision
+    assert Translator.from_checkpoint(checkpoint, device="cuda").dtype == trainer.setup.precision
     assert Translator.from_checkpoint(checkpoint, device="cpu").dtype == "float32"
     bf16 = Translator.from_checkpoint(checkpoint, device="cuda", dtype="bfloat16")
     assert bf16.dtype == "bfloat16"

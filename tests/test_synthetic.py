@@ -54,9 +54,11 @@ def test_every_word_is_one_piece_at_the_tasks_vocabulary_size(synthetic_corpus):
 
 def held_out_scores(trainer):
     """BLEU and exact matches of greedy decoding of the held-out split, and the hypotheses."""
-    test = trainer.data.datasets[SPLIT]
-    references = trainer.data.tokenizer.decode_tgt(test.tgt)
-    hypotheses = translate_split(trainer.model, test, trainer.data.tokenizer, 4000, trainer.device)
+    test = trainer.setup.data.datasets[SPLIT]
+    references = trainer.setup.data.tokenizer.decode_tgt(test.tgt)
+    hypotheses = translate_split(
+        trainer.setup.model, test, trainer.setup.data.tokenizer, 4000, trainer.setup.device
+    )
     return (
         sacrebleu.corpus_bleu(hypotheses, [references]).score,
         exact_match(hypotheses, references),
@@ -79,7 +81,7 @@ def test_every_attention_function_translates_and_ensembles_from_its_checkpoint(t
     """Each checkpoint translates with beam search, n-best and alignments; all of them (one vocabulary:
     the task's) decode as one ensemble that reverses as well as its members."""
     trainer = trained_attention_variants["rnn additive"][0]
-    sources = trainer.data.sources[SPLIT][:20]
+    sources = trainer.setup.data.sources[SPLIT][:20]
     references = [" ".join(reversed(source.split())) for source in sources]
     for name, (_, checkpoint, _) in trained_attention_variants.items():
         results = Translator.from_checkpoint(checkpoint, "cpu").translate(
@@ -98,9 +100,13 @@ def test_every_attention_function_shows_its_heads_in_the_attention_tab(trained_a
     evaluation): the RNN's multi-head attention as its heads, the single-head functions as one."""
     expected_heads = {"rnn additive": 1, "rnn general": 1, "rnn scaled_dot": 1, "rnn multihead": 4}
     for name, (trainer, _, _) in trained_attention_variants.items():
-        found = decode_ids(trainer.model, trainer.data.datasets[VALID], 4000, trainer.device)[:1]
-        attention, src_ids, out_ids = output_attention(trainer.model, trainer.data.datasets[VALID], found)
-        tok = trainer.data.tokenizer
+        found = decode_ids(
+            trainer.setup.model, trainer.setup.data.datasets[VALID], 4000, trainer.setup.device
+        )[:1]
+        attention, src_ids, out_ids = output_attention(
+            trainer.setup.model, trainer.setup.data.datasets[VALID], found
+        )
+        tok = trainer.setup.data.tokenizer
         texts = Texts("source", "reference", "hypothesis")
         header, blob = encode(
             attention,
@@ -108,11 +114,11 @@ def test_every_attention_function_shows_its_heads_in_the_attention_tab(trained_a
             tok.src_pieces(src_ids[0]),
             tok.tgt_pieces(out_ids[0]),
             texts,
-            trainer.model.cfg.name,
+            trainer.setup.model.cfg.name,
         )
         cross = [m for m in header["maps"] if m["kind"] == "cross"]
         heads = expected_heads.get(
-            name, trainer.model.cfg.n_heads if name.startswith("transformer") else None
+            name, trainer.setup.model.cfg.n_heads if name.startswith("transformer") else None
         )
         assert [m["heads"] for m in cross][-1] == heads, name
         assert len(blob) == sum(m["heads"] * m["rows"] * m["cols"] for m in header["maps"])

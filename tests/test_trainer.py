@@ -39,7 +39,7 @@ def make_trainer(multi30k_slice, compose_config, tmp_path, *extra) -> Trainer:
 
 
 def losses(trainer: Trainer, steps: int):
-    train = trainer.data.datasets[TRAIN]
+    train = trainer.setup.data.datasets[TRAIN]
     from data.batching import collate
 
     batches = list(trainer.sampler)[:steps]
@@ -60,7 +60,7 @@ def test_learning_rate_follows_the_schedule(multi30k_slice, compose_config, tmp_
     )
     steps = losses(trainer, 1)
     assert len(steps) == 1
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 / 3)  # warm-up step 1 of 3
+    assert trainer.setup.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 / 3)  # warm-up step 1 of 3
 
 
 def test_max_steps_stops_inside_an_epoch_and_leaves_a_resumable_checkpoint(
@@ -84,8 +84,8 @@ def test_max_steps_stops_inside_an_epoch_and_leaves_a_resumable_checkpoint(
     )
     resumed.resume()
     assert resumed.progress.step == 3 and resumed.progress.batches_done == 3
-    for name, tensor in trainer.model.state_dict().items():
-        assert torch.equal(tensor, resumed.model.state_dict()[name]), name
+    for name, tensor in trainer.setup.model.state_dict().items():
+        assert torch.equal(tensor, resumed.setup.model.state_dict()[name]), name
 
 
 def test_accumulation_normalises_by_all_target_tokens(multi30k_slice, compose_config, tmp_path):
@@ -93,7 +93,7 @@ def test_accumulation_normalises_by_all_target_tokens(multi30k_slice, compose_co
     one = make_trainer(
         multi30k_slice, compose_config, tmp_path / "one", "model.dropout=0.0", "trainer.accumulate=2"
     )
-    train = one.data.datasets[TRAIN]
+    train = one.setup.data.datasets[TRAIN]
     from data.batching import collate
 
     a, b = list(one.sampler)[:2]
@@ -109,23 +109,25 @@ def test_a_non_finite_step_changes_nothing_and_training_goes_on(multi30k_slice, 
     """A NaN in one weight makes the loss non-finite: the update is skipped (weights, Adam's state and
     the step counter stay as they were); with the weight repaired the next step trains."""
     trainer = make_trainer(multi30k_slice, compose_config, tmp_path)
-    train = trainer.data.datasets[TRAIN]
+    train = trainer.setup.data.datasets[TRAIN]
     from data.batching import collate
 
     first, second = [collate([train[i] for i in b]) for b in list(trainer.sampler)[:2]]
     assert not trainer.train_step([first]).skipped
-    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    moments = {k: v.clone() for k, v in trainer.optimizer.state_dict()["state"][0].items()}
-    name, poisoned = next(iter(trainer.model.named_parameters()))
+    weights = {k: v.clone() for k, v in trainer.setup.model.state_dict().items()}
+    moments = {k: v.clone() for k, v in trainer.setup.optimizer.state_dict()["state"][0].items()}
+    name, poisoned = next(iter(trainer.setup.model.named_parameters()))
     with torch.no_grad():
         poisoned.view(-1)[0] = float("nan")
     stats = trainer.train_step([second])
     assert stats.skipped and trainer.progress.step == 1
     with torch.no_grad():
         poisoned.view(-1)[0] = weights[name].view(-1)[0]
-    assert all(torch.equal(v, weights[k]) for k, v in trainer.model.state_dict().items())
-    assert all(torch.equal(v, moments[k]) for k, v in trainer.optimizer.state_dict()["state"][0].items())
-    assert all(p.grad is None for p in trainer.model.parameters())
+    assert all(torch.equal(v, weights[k]) for k, v in trainer.setup.model.state_dict().items())
+    assert all(
+        torch.equal(v, moments[k]) for k, v in trainer.setup.optimizer.state_dict()["state"][0].items()
+    )
+    assert all(p.grad is None for p in trainer.setup.model.parameters())
     stats = trainer.train_step([second])
     assert not stats.skipped and trainer.progress.step == 2
 
@@ -198,11 +200,11 @@ def test_sampling_resegments_training_pairs_each_epoch_and_never_validation(
     assert torch.equal(epoch0.src, again.src) and torch.equal(epoch0.tgt_out, again.tgt_out)
     assert not torch.equal(epoch0.src, unsampled.src)
     assert not torch.equal(epoch0.src, epoch1.src)
-    tok = sampled.data.tokenizer
+    tok = sampled.setup.data.tokenizer
     rows = lambda b: [[i for i in row.tolist() if i > 3] for row in b.tgt_out]  # noqa: E731 (no specials)
     assert tok.decode_tgt(rows(epoch0)) == tok.decode_tgt(rows(unsampled))  # the same text
     for split in (VALID, "test_2016_flickr"):
-        assert list(sampled.data.datasets[split].src) == list(plain.data.datasets[split].src)
+        assert list(sampled.setup.data.datasets[split].src) == list(plain.setup.data.datasets[split].src)
 
 
 SAMPLED = ("data.sampling_alpha=0.5",)  # collation draws segmentations: the slow case workers are for
@@ -260,5 +262,5 @@ def test_training_with_workers_stops_resumes_and_crosses_epochs_as_one_process_d
     assert resumed.progress.epoch == 2 and resumed.progress.step == straight.progress.step
     collated_by = set(pids.read_text().split())
     assert str(os.getpid()) not in collated_by and len(collated_by) >= 2
-    for name, tensor in straight.model.state_dict().items():
-        assert torch.equal(tensor, resumed.model.state_dict()[name]), name
+    for name, tensor in straight.setup.model.state_dict().items():
+        assert torch.equal(tensor, resumed.setup.model.state_dict()[name]), name

@@ -414,7 +414,7 @@ def test_a_gpu_decodes_in_larger_batches_by_default(trained_synthetic_models):
     """64 sentences at a time on the CPU; a thousand on a GPU, where a search step costs about the
     same for either (the engine's device decides, not whether this machine has a GPU)."""
     trainer = trained_synthetic_models["rnn"][0]
-    assert default_batch_size(TorchEngine(trainer.model, torch.device("cpu"))) == 64
+    assert default_batch_size(TorchEngine(trainer.setup.model, torch.device("cpu"))) == 64
     on_gpu = TorchEngine.__new__(TorchEngine)  # an engine whose model would run on a GPU
     on_gpu.device = torch.device("cuda", 0)
     assert default_batch_size(on_gpu) == 1024

@@ -7,41 +7,35 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Dict, Optional
-
-import torch
-from torch import nn
+from typing import Any, Callable, Dict, Optional
 
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.files import AtomicFile, write_lines
-from data.pipeline import PreparedData
 from inference.decoding import translate_split
 from training.averaging import average_checkpoints, last_checkpoints
 from training.board import Board
 from training.progress import Progress
 from training.run_folder import resume_command
+from training.setup import Setup
 from training.stopping import Interrupted, StopRequest
 from training.validation import corpus_scores, signatures
 
 log = logging.getLogger(__name__)
 
 
-def decode_test_split(
-    model: nn.Module,
-    data: PreparedData,
-    split: str,
-    out_dir: Path,
-    batch_tokens: int,
-    beam: int,
-    alpha: float,
-    device: torch.device,
-    autocast: Callable[[], ContextManager],
-) -> Dict[str, float]:
+def decode_test_split(setup: Setup, split: str) -> Dict[str, float]:
     """Beam-decode one test split into ``<split>.hyp`` (its references into ``<split>.ref``, for
     significance tests by scripts/compare.py); its BLEU and chrF."""
-    tick = time.perf_counter()
+    tick, data, out_dir, beam = time.perf_counter(), setup.data, setup.out_dir, setup.tc.beam_size
     hyps = translate_split(
-        model, data.datasets[split], data.tokenizer, batch_tokens, device, beam, alpha, autocast
+        setup.model,
+        data.datasets[split],
+        data.tokenizer,
+        setup.eval_batch_tokens,
+        setup.device,
+        beam,
+        setup.tc.length_penalty,
+        setup.autocast,
     )
     write_lines(out_dir / f"{split}.hyp", hyps)
     write_lines(out_dir / f"{split}.ref", data.references[split])
@@ -57,24 +51,17 @@ def decode_test_split(
     return scores
 
 
-def results_of(
-    p: Progress,
-    model_name: str,
-    params: int,
-    epochs: float,
-    device: torch.device,
-    test: Dict[str, Dict[str, float]],
-) -> Dict[str, Any]:
+def results_of(p: Progress, setup: Setup, epochs: float, test: Dict[str, Dict[str, float]]) -> Dict[str, Any]:
     """The contents of ``results.json``: the run, its best validation scores, its test scores."""
     best: Dict[str, Optional[float]] = max(p.history, key=lambda h: h["bleu"]) if p.history else {}
     return {
-        "model": model_name,
-        "params": params,
+        "model": setup.model_cfg.name,
+        "params": setup.params,
         "steps": p.step,
         "epochs": round(epochs, 3),
         "train_seconds": round(p.train_seconds, 1),
         "train_tokens_per_second": round(p.tgt_tokens / max(p.step_seconds, 1e-9), 1),
-        "device": str(device),
+        "device": str(setup.device),
         "valid": {k: best.get(k) for k in ("loss", "ppl", "bleu", "chrf")} | {"step": best.get("step")},
         "test": test,
         "sacrebleu": signatures(),
@@ -107,23 +94,18 @@ def summary_line(results: Dict[str, Any]) -> str:
 
 
 def choose_test_weights(
-    model: nn.Module,
-    ckpt_dir: Path,
-    p: Progress,
-    ema: bool,
-    average_last: Optional[int],
-    validate_weights: Callable[[Dict[str, Any]], Dict[str, float]],
+    setup: Setup, p: Progress, ema: bool, validate_weights: Callable[[Dict[str, Any]], Dict[str, float]]
 ) -> Dict[str, Any]:
-    """Load into ``model`` the weights the test splits are decoded with: of ``best.pt``, ``ema.pt``
-    (``ema``: trainer.ema_decay is on) and the mean of the last ``average_last`` checkpoints (saved
-    as ``average.pt``, scored by ``validate_weights``), the one with the best validation BLEU (the
-    first on a tie). Returns which, and the validation BLEU of each."""
-    bleu = {}
+    """Load into the model the weights the test splits are decoded with: of ``best.pt``, ``ema.pt``
+    (``ema``: trainer.ema_decay is on) and the mean of the last ``trainer.average_last`` checkpoints
+    (saved as ``average.pt``, scored by ``validate_weights``), the one with the best validation BLEU
+    (the first on a tie). Returns which, and the validation BLEU of each."""
+    bleu, ckpt_dir = {}, setup.out_dir / "checkpoints"
     if (ckpt_dir / "best.pt").is_file():
         bleu["best.pt"] = p.best_bleu
     if ema and (ckpt_dir / "ema.pt").is_file() and p.history and "ema_bleu" in p.history[-1]:
         bleu["ema.pt"] = p.history[-1]["ema_bleu"]
-    kept = last_checkpoints(ckpt_dir, average_last or 0)  # none when average_last is off
+    kept = last_checkpoints(ckpt_dir, setup.tc.average_last or 0)  # none when average_last is off
     if len(kept) > 1:
         averaged = average_checkpoints(kept)
         save_checkpoint(averaged, ckpt_dir / "average.pt")
@@ -134,28 +116,17 @@ def choose_test_weights(
     if not bleu:  # stopped before any evaluation: the weights as they are
         return {"used": None, "valid_bleu": {}}
     used = max(bleu, key=lambda name: bleu[name])
-    model.load_state_dict(load_checkpoint(ckpt_dir / used)["model"])
+    setup.model.load_state_dict(load_checkpoint(ckpt_dir / used)["model"])
     if len(bleu) > 1:
         log.info("test weights: %s (valid BLEU %s)", used, ", ".join(f"{k} {v:.2f}" for k, v in bleu.items()))
     return {"used": used, "valid_bleu": bleu}
 
 
-def decode_tests(
-    model: nn.Module,
-    data: PreparedData,
-    out_dir: Path,
-    batch_tokens: int,
-    beam: int,
-    alpha: float,
-    device: Any,
-    autocast: Callable[[], ContextManager],
-    stop: StopRequest,
-    step: int,
-) -> Dict[str, Dict[str, float]]:
-    """Beam-decode and score every test split of ``data`` with ``model`` into ``out_dir``; a stop
-    signal (``stop``) between two splits ends the run there, finished and saved at ``step``."""
-    results = {}
-    for split in data.test_splits:
+def decode_tests(setup: Setup, stop: StopRequest, step: int) -> Dict[str, Dict[str, float]]:
+    """Beam-decode and score every test split into the run folder; a stop signal (``stop``) between
+    two splits ends the run there, finished and saved at ``step``."""
+    results, out_dir = {}, setup.out_dir
+    for split in setup.data.test_splits:
         if stop.signum is not None:  # training is over and saved: nothing to add
             raise Interrupted(
                 f"{stop.name}: stopped before decoding test split {split}; training is finished "
@@ -163,9 +134,7 @@ def decode_tests(
                 + resume_command(out_dir),
                 stop.signum,
             )
-        results[split] = decode_test_split(
-            model, data, split, out_dir, batch_tokens, beam, alpha, device, autocast
-        )
+        results[split] = decode_test_split(setup, split)
     return results
 
 

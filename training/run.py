@@ -47,40 +47,18 @@ def run(trainer: Trainer) -> Optional[Dict[str, Any]]:
         with StopRequest() as stop:
             reason = trainer.fit(stop=stop)
             log.info("training stopped: %s", reason)
-            if not trainer.world.main:
+            if not trainer.setup.world.main:
                 return None
             used = choose_test_weights(
-                trainer.model,
-                trainer.ckpt_dir,
-                trainer.progress,
-                trainer.ema is not None,
-                trainer.tc.average_last,
-                trainer.validate_weights,
+                trainer.setup, trainer.progress, trainer.ema is not None, trainer.validate_weights
             )
-            tc = trainer.tc
-            test = decode_tests(
-                trainer.model,
-                trainer.data,
-                trainer.out_dir,
-                trainer.eval_batch_tokens,
-                tc.beam_size,
-                tc.length_penalty,
-                trainer.device,
-                trainer.autocast,
-                stop,
-                trainer.progress.step,
-            )
-        results = results_of(
-            trainer.progress,
-            trainer.model_cfg.name,
-            trainer.params,
-            trainer.epochs_done(),
-            trainer.device,
-            test,
-        )
+            test = decode_tests(trainer.setup, stop, trainer.progress.step)
+        results = results_of(trainer.progress, trainer.setup, trainer.epochs_done(), test)
         results["test_weights"] = used
-        results["decode_dtype"] = trainer.precision  # translate.py's --dtype auto decodes the same way
-        finish(trainer.out_dir, results, trainer.board, OmegaConf.to_container(trainer.cfg, resolve=True))
+        results["decode_dtype"] = trainer.setup.precision  # translate.py's --dtype auto decodes the same way
+        finish(
+            trainer.setup.out_dir, results, trainer.board, OmegaConf.to_container(trainer.cfg, resolve=True)
+        )
         return results
     finally:
         trainer.close()

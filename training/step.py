@@ -19,6 +19,7 @@ from training import distributed
 from training.config import TrainerConfig
 from training.distributed import World
 from training.progress import Progress, StepStats
+from training.setup import Setup
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,6 @@ def label_smoothed_nll(
     return loss.sum(), nll.sum().detach(), keep.sum()
 
 
-def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer:
-    kinds = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}  # training/config.py OPTIMIZERS
-    return kinds[tc.optimizer](
-        model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay
-    )
-
-
 def accumulate_gradients(
     forward: nn.Module,
     batches: List[Batch],
@@ -65,7 +59,9 @@ def accumulate_gradients(
 ) -> Tuple[Tensor, Union[int, Tensor]]:
     """Backward of the loss of every batch, normalised per target token of the whole step; the
     summed loss (a device scalar) and the target tokens, every rank's together (an int, or under
-    DDP a device scalar). Nothing here waits for the device."""
+    DDP a device scalar). ``forward`` runs the model (itself, its DDP wrapper or its compiled form;
+    ``training/efficiency.py`` counts the FLOPs of a bare model with it). Nothing here waits for
+    the device."""
     # Every rank's target tokens together: DDP averages the ranks' gradients, hence the factor world_size.
     n_tokens = distributed.total_on_device(sum(b.n_tgt_tokens for b in batches), device)
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -91,29 +87,21 @@ def step_numbers(
     return loss, norm, int(count)
 
 
-def train_step(
-    model: nn.Module,
-    forward: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batches: List[Batch],
-    lr: float,
-    tc: TrainerConfig,
-    world: World,
-    device: torch.device,
-    autocast: Callable[[], ContextManager],
-) -> StepStats:
-    """One optimizer step at rate ``lr`` over ``batches``; ``forward`` is ``model`` itself, its DDP wrapper
-    or its compiled form. Skipped (``stats.skipped``, gradients dropped) when not finite."""
+def optimizer_step(setup: Setup, batches: List[Batch], lr: float) -> StepStats:
+    """One optimizer step at rate ``lr`` over ``batches``. Skipped (``stats.skipped``, gradients
+    dropped) when the loss or the gradient norm is not finite."""
+    model, tc, optimizer = setup.model, setup.tc, setup.optimizer
     model.train()
-    loss_sum, n_tokens = accumulate_gradients(forward, batches, tc, world, device, autocast)
+    loss_sum, n_tokens = accumulate_gradients(
+        setup.forward, batches, tc, setup.world, setup.device, setup.autocast
+    )
     clip = tc.clip_grad_norm if tc.clip_grad_norm is not None else float("inf")
     norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
     loss_sum, grad_norm, tokens = step_numbers(loss_sum, norm, n_tokens)
     stats = StepStats(loss_sum / tokens, float("nan"), grad_norm, tokens, skipped=False)
     if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
-        optimizer.zero_grad(
-            set_to_none=True
-        )  # no update: weights, optimizer state and step stay as they were
+        # no update: weights, optimizer state and step stay as they were
+        optimizer.zero_grad(set_to_none=True)
         stats.skipped = True
         return stats
     stats.lr = lr

@@ -1,5 +1,5 @@
-"""The training loop: a ``Trainer`` holds a run's data, model, optimizer and progress, and
-``Trainer.fit`` trains them.
+"""The training loop: a ``Trainer`` holds a run's setup (``training/setup.py``: the data, model,
+optimizer, device and precision) and its progress, and ``Trainer.fit`` trains them.
 
 Read ``train_epoch`` first: each step takes its batches, the rate of the schedule
 (``training/schedule.py``), accumulates, clips and updates (``training/step.py``), logs, evaluates
@@ -11,7 +11,6 @@ folder's lock (``training/run_folder.py``) and the agreement of the ranks under 
 """
 
 import logging
-import random
 import time
 from contextlib import closing
 from dataclasses import asdict
@@ -19,29 +18,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
-from torch import nn
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from common.device import (
-    attention_kernels,
-    autocast_for,
-    pick_device,
-    precision_name,
-    set_tf32,
-    set_threads,
-)
 from data.batching import Batch, TokenBucketSampler, collate
-from data.config import DataConfig
 from data.corpus import TRAIN, VALID
 from data.loading import collated
-from data.pipeline import PreparedData, batch_stats, format_stats, prepare_data
+from data.pipeline import batch_stats, format_stats
 from data.sampling import Resegmenter
-from data.specials import PAD_ID
-from data.tokenizer import Tokenizer
-from inference.decoding import batch_tokens_for
-from models.build import ModelConfig, build_model, count_parameters
 from training import distributed
 from training.averaging import ExponentialAverage, keep_recent
 from training.board import Board, NullBoard
@@ -57,36 +41,12 @@ from training.resume import (
 )
 from training.run_folder import resume_command, resume_path, unlock_run_folder
 from training.schedule import Schedule
-from training.step import count_skipped, make_optimizer, train_step
+from training.setup import make_setup
+from training.step import count_skipped, optimizer_step
 from training.stopping import Interrupted, StopRequest, agree, stop_reason, total_steps
 from training.validation import EvalSeconds, draw_samples, log_scores, record, validate, watch_entropy
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def model_for(model_cfg: ModelConfig, tokenizer: Tokenizer) -> nn.Module:
-    """The model of ``model_cfg`` for the tokenizer's vocabularies (with separate vocabularies the
-    source and target embeddings cannot be shared, whatever ``model.share_embeddings`` says)."""
-    if not tokenizer.joint and model_cfg.share_embeddings:
-        log.info(
-            "separate vocabularies (data.joint_vocab=false): source and target embeddings are not shared"
-        )
-        model_cfg.share_embeddings = False
-    return build_model(model_cfg, tokenizer.src_vocab_size, tokenizer.tgt_vocab_size, PAD_ID)
-
-
-def resegmenter(data: PreparedData, data_cfg: DataConfig, seed: int) -> Optional[Resegmenter]:
-    """The sampler of training segmentations when ``data.sampling_alpha`` is set, else None."""
-    if data_cfg.sampling_alpha is None:
-        return None
-    return Resegmenter(
-        data.tokenizer, data.train_text, data.datasets[TRAIN], data_cfg.sampling_alpha, seed, data_cfg.max_len
-    )
 
 
 class TrainingError(Exception):
@@ -94,52 +54,25 @@ class TrainingError(Exception):
 
 
 class Trainer:
-    """A run's data, model, optimizer and progress, and the loop that trains them (``fit``)."""
+    """A run's setup and progress, and the loop that trains them (``fit``)."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
-        self.cfg, self.out_dir = cfg, Path(out_dir)
-        data_cfg, self.model_cfg, self.tc = checked_config(cfg)  # every value, before the data
-        self.world = distributed.world_from_env()
-        self.device = pick_device(cfg.device, self.world.local_rank, self.world.local_world_size)
-        set_threads(self.device, self.tc.num_threads)
-        distributed.init(self.world, self.device)
-        seed_everything(cfg.seed)  # the same initial weights on every rank (DDP checks that they agree)
-        # rank 0 trains and caches the tokenizer; the others then read it
-        with distributed.main_first(self.world):
-            self.data: PreparedData = prepare_data(data_cfg)
-        self.model = model_for(self.model_cfg, self.data.tokenizer).to(self.device)
-        self.params = count_parameters(self.model)
-        self.optimizer = make_optimizer(self.model, self.tc)
-        # one precision for training, validation and the test decoding (translate.py takes the same);
-        # TF32 for the whole process, so that the backward pass has it too
-        if self.device.type == "cuda":
-            set_tf32(self.tc.tf32)
-            attention_kernels(self.device, cudnn=self.tc.cudnn_attention)
-        self.autocast = autocast_for(self.device, self.tc.amp)
-        self.precision = precision_name(self.device, self.tc.amp, self.tc.tf32)
-        # DDP shares the parameters of self.model (saved, evaluated) and all-reduces their gradients.
-        ddp = distributed.wrap(self.model, self.world, self.device)
-        self.forward = torch.compile(ddp) if self.tc.compile else ddp
-        if self.world.distributed:
-            torch.manual_seed(cfg.seed * 1000 + self.world.rank)  # each rank its own dropout masks
-        lengths = self.data.datasets[TRAIN].src_lengths(), self.data.datasets[TRAIN].tgt_lengths()
-        self.sampler = TokenBucketSampler(
-            *lengths,
-            self.tc.batch_tokens,
-            seed=cfg.seed,
-            rank=self.world.rank,
-            world_size=self.world.world_size,
-        )
+        self.cfg = cfg
+        data_cfg, model_cfg, tc = checked_config(cfg)  # every value, before the data
+        self.setup = s = make_setup(cfg, data_cfg, model_cfg, tc, out_dir)
+        train, world, seed = s.data.datasets[TRAIN], s.world, cfg.seed
+        lengths = train.src_lengths(), train.tgt_lengths()
+        self.sampler = TokenBucketSampler(*lengths, tc.batch_tokens, True, seed, world.rank, world.world_size)
         # the moving average lives on rank 0, which alone evaluates and saves
-        use_ema = self.tc.ema_decay is not None and self.world.main
-        self.ema = ExponentialAverage(self.model, self.tc.ema_decay) if use_ema else None
-        self.schedule = Schedule.of_run(self.tc, total_steps(self.tc, len(self.sampler)))
-        self.resegmenter = resegmenter(self.data, data_cfg, cfg.seed)
+        use_ema = tc.ema_decay is not None and world.main
+        self.ema = ExponentialAverage(s.model, tc.ema_decay) if use_ema else None
+        self.schedule = Schedule.of_run(tc, total_steps(tc, len(self.sampler)))
+        self.resegmenter = None  # data.sampling_alpha: a new segmentation of the training pairs every epoch
+        if data_cfg.sampling_alpha is not None:
+            alpha, text = data_cfg.sampling_alpha, s.data.train_text
+            self.resegmenter = Resegmenter(s.data.tokenizer, text, train, alpha, seed, data_cfg.max_len)
         self.progress = Progress()
-        self.ckpt_dir = self.out_dir / "checkpoints"
-        self.eval_batch_tokens = self.tc.eval_batch_tokens or batch_tokens_for(
-            self.device, self.tc.batch_tokens
-        )
+        self.ckpt_dir = s.out_dir / "checkpoints"
         self.board: Optional[Board] = None  # opened by fit(), closed by close()
         self.stop: Optional[StopRequest] = None  # the signals fit() was given to heed
         self.resumed = False  # whether resume() restored a checkpoint
@@ -172,7 +105,7 @@ class Trainer:
             while reason is None:
                 reason = self.train_epoch()
             # rank 0 (which alone keeps the evaluations) decides for all: evaluate() is a collective
-            if evaluate_last and distributed.broadcast(not self.progress.evaluated_now(), self.device):
+            if evaluate_last and distributed.broadcast(not self.progress.evaluated_now(), self.setup.device):
                 self.evaluate()  # stopped between evaluations: score (and save) the last weights too
             self.agreed_stop(signal_only=True)  # a signal during that last evaluation
         finally:
@@ -182,7 +115,7 @@ class Trainer:
 
     def train_epoch(self) -> Optional[str]:
         """Train on the rest of the current epoch; returns why training must stop, or None."""
-        p, tc = self.progress, self.tc
+        p, tc = self.progress, self.setup.tc
         batches = self.epoch_batches()
         epoch = p.epoch
         stream = collated(batches[p.batches_done :], lambda b: self.collate(b, epoch), tc.loader_workers)
@@ -208,17 +141,7 @@ class Trainer:
     def train_step(self, batches: List[Batch]) -> StepStats:
         """One optimizer step over ``batches`` at the schedule's rate; counted unless skipped."""
         lr = self.schedule.lr(self.progress.step + 1)
-        stats = train_step(
-            self.model,
-            self.forward,
-            self.optimizer,
-            batches,
-            lr,
-            self.tc,
-            self.world,
-            self.device,
-            self.autocast,
-        )
+        stats = optimizer_step(self.setup, batches, lr)
         if not stats.skipped:
             self.progress.step += 1
             if self.ema is not None:
@@ -229,13 +152,13 @@ class Trainer:
         """Count an update's time and tokens; log the steps every ``trainer.log_every``."""
         self.progress.count_step(seconds, stats.tokens)
         self.window.add(stats, seconds)
-        if self.progress.step % self.tc.log_every == 0:
+        if self.progress.step % self.setup.tc.log_every == 0:
             self.log_steps()
 
     def skip_bad_step(self, stats: StepStats, where: str) -> None:
         """Count a skipped update; too many in a row stop the run, with last.pt from before them."""
         too_many = count_skipped(
-            self.progress, stats, where, self.tc.max_bad_steps, self.ckpt_dir / "last.pt"
+            self.progress, stats, where, self.setup.tc.max_bad_steps, self.ckpt_dir / "last.pt"
         )
         self.board.scalars({"train/skipped_steps": self.progress.skipped_steps}, self.progress.step)
         if too_many:
@@ -244,9 +167,9 @@ class Trainer:
 
     def evaluation_due(self, stats: StepStats) -> bool:
         """Every ``trainer.eval_every`` steps (a skipped step adds none), else at the end of every epoch."""
-        if self.tc.eval_every is None:
+        if self.setup.tc.eval_every is None:
             return self.progress.batches_done == 0
-        return not stats.skipped and self.progress.step % self.tc.eval_every == 0
+        return not stats.skipped and self.progress.step % self.setup.tc.eval_every == 0
 
     def epoch_batches(self) -> List[np.ndarray]:
         """The batches (arrays of pair indices) of the current epoch, resumed at ``batches_done``."""
@@ -267,19 +190,17 @@ class Trainer:
         """The training pairs ``indices`` as a ``Batch``, in the segmentation of ``epoch``."""
         if self.resegmenter is not None:  # data.sampling_alpha: this epoch's segmentation
             return collate([self.resegmenter.example(i, epoch) for i in indices])
-        return self.data.datasets[TRAIN].batch(indices)
+        return self.setup.data.datasets[TRAIN].batch(indices)
 
     # ----- evaluation and checkpoints -----
     def evaluate(self) -> None:
         """Validation scores, images, checkpoints: on rank 0 only (the other ranks wait at the next
         collective; the decision to stop reaches them by broadcast)."""
-        if not self.world.main:
+        if not self.setup.world.main:
             self.rank_rngs()  # for rank 0's checkpoint, once it has validated
             return
         p, ticks = self.progress, [time.perf_counter()]
-        scores, found, hyps = validate(
-            self.model, self.data, self.eval_batch_tokens, self.device, self.autocast
-        )
+        scores, found, hyps = validate(self.setup)
         if self.ema is not None:  # the average is scored beside the weights; they decide best.pt
             scores |= {f"ema_{k}": v for k, v in self.validate_weights(self.ema.state_dict()).items()}
         ticks.append(time.perf_counter())
@@ -288,9 +209,22 @@ class Trainer:
             {f"valid/{k}": v for k, v in scores.items()} | {"valid/train_seconds": self.seconds()}, p.step
         )
         watch_entropy(
-            self.board, self.model, self.data.datasets[VALID], self.eval_batch_tokens, p.step, self.collapsed
+            self.board,
+            self.setup.model,
+            self.setup.data.datasets[VALID],
+            self.setup.eval_batch_tokens,
+            p.step,
+            self.collapsed,
         )
-        draw_samples(self.board, self.model, self.data, found, hyps, self.tc.attention_samples, p.step)
+        draw_samples(
+            self.board,
+            self.setup.model,
+            self.setup.data,
+            found,
+            hyps,
+            self.setup.tc.attention_samples,
+            p.step,
+        )
         ticks.append(time.perf_counter())
         improved = record(p, scores, self.epochs_done())
         p.train_seconds = self.seconds()
@@ -301,7 +235,7 @@ class Trainer:
             self.save(payload, "best.pt")
         if self.ema is not None:
             self.save(self.weights_checkpoint(self.ema.state_dict()), "ema.pt")
-        keep = max(self.tc.keep_last or 0, self.tc.average_last or 0)
+        keep = max(self.setup.tc.keep_last or 0, self.setup.tc.average_last or 0)
         if keep:
             keep_recent(self.ckpt_dir, p.step, keep)
         ticks.append(time.perf_counter())
@@ -309,17 +243,17 @@ class Trainer:
 
     def validate_weights(self, state: Dict[str, Any]) -> Dict[str, float]:
         """Validation scores of the weights ``state`` (the model's own come back after)."""
-        own = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.model.load_state_dict(state)
+        own = {k: v.detach().clone() for k, v in self.setup.model.state_dict().items()}
+        self.setup.model.load_state_dict(state)
         try:
-            return validate(self.model, self.data, self.eval_batch_tokens, self.device, self.autocast)[0]
+            return validate(self.setup)[0]
         finally:
-            self.model.load_state_dict(own)
+            self.setup.model.load_state_dict(own)
 
     def checkpoint(self, rngs: List[Dict[str, Any]]) -> Dict[str, Any]:
         """The state that resumes the run; ``rngs``: every rank's generators (``rank_rngs``)."""
-        payload = self.weights_checkpoint(self.model.state_dict())
-        payload |= {"optimizer": to_cpu(self.optimizer.state_dict()), "rng": rngs[0]}
+        payload = self.weights_checkpoint(self.setup.model.state_dict())
+        payload |= {"optimizer": to_cpu(self.setup.optimizer.state_dict()), "rng": rngs[0]}
         if len(rngs) > 1:  # each rank resumes its own dropout masks
             payload["rng_ranks"] = rngs
         if self.ema is not None:
@@ -330,11 +264,11 @@ class Trainer:
         """A checkpoint of the weights ``state`` that translates but does not resume (no optimizer)."""
         return {
             "model": to_cpu(state),
-            "model_config": asdict(self.model_cfg),
-            "tokenizer": self.data.tokenizer.state_dict(),
+            "model_config": asdict(self.setup.model_cfg),
+            "tokenizer": self.setup.data.tokenizer.state_dict(),
             "progress": asdict(self.progress),
             "config": OmegaConf.to_container(self.cfg, resolve=True),
-            "precision": self.precision,  # of the validation scores: translate.py --dtype auto takes it
+            "precision": self.setup.precision,  # of the validation scores: translate.py --dtype auto takes it
         }
 
     def save_last(self) -> Path:
@@ -342,7 +276,7 @@ class Trainer:
         self.progress.train_seconds = self.seconds()
         path = self.ckpt_dir / "last.pt"
         rngs = self.rank_rngs()  # every rank calls save_last at the same step
-        if self.world.main:
+        if self.setup.world.main:
             self.save(self.checkpoint(rngs), path.name)
         return path
 
@@ -353,7 +287,7 @@ class Trainer:
             save_checkpoint(payload, self.ckpt_dir / name)
         except CheckpointError as error:
             then = (
-                f"continue with: {resume_command(self.out_dir)}"
+                f"continue with: {resume_command(self.setup.out_dir)}"
                 if (self.ckpt_dir / "last.pt").is_file()
                 else "start the run again"
             )
@@ -362,22 +296,24 @@ class Trainer:
     # ----- run machinery a reader may skip: resume, signals and ranks, the board -----
     def resume(self) -> bool:
         """Restore the state of ``trainer.resume``; whether there was one."""
-        path = resume_path(self.out_dir, self.tc.resume)
+        path = resume_path(self.setup.out_dir, self.setup.tc.resume)
         if path is None:
             return False
         payload = load_checkpoint(path)
         config = OmegaConf.to_container(self.cfg, resolve=True)
-        check_resumable(payload, path, asdict(self.model_cfg), config, self.data.tokenizer.state_dict())
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
+        check_resumable(
+            payload, path, asdict(self.setup.model_cfg), config, self.setup.data.tokenizer.state_dict()
+        )
+        self.setup.model.load_state_dict(payload["model"])
+        self.setup.optimizer.load_state_dict(payload["optimizer"])
         self.progress = Progress(**payload["progress"])
-        restore_rngs(payload, self.world, self.device, self.model)
+        restore_rngs(payload, self.setup.world, self.setup.device, self.setup.model)
         if self.ema is not None and "ema" in payload:
             self.ema.load_state_dict(payload["ema"])
         elif self.ema is not None:
             log.info("%s holds no weight average: trainer.ema_decay starts one from its weights", path)
-            self.ema = ExponentialAverage(self.model, self.tc.ema_decay)
-        if self.world.main:
+            self.ema = ExponentialAverage(self.setup.model, self.setup.tc.ema_decay)
+        if self.setup.world.main:
             adopt_best(path, self.ckpt_dir)
             remove_stale_temporaries(self.ckpt_dir)
         # a resumed run (say with a lower lr) gets trainer.max_bad_steps afresh
@@ -389,15 +325,15 @@ class Trainer:
 
     def rank_rngs(self) -> List[Dict[str, Any]]:
         """Every rank's generators, in rank order (a collective: every rank calls it at once)."""
-        return distributed.gather(rng_states(), self.device)
+        return distributed.gather(rng_states(), self.setup.device)
 
     def agreed_stop(self, signal_only: bool = False) -> Optional[str]:
         """After a step, on every rank at once: a stop signal saves last.pt and raises ``Interrupted``;
         otherwise the reason to stop that rank 0 sees (None: go on)."""
         reason = None
-        if self.world.main and not signal_only:
-            reason = stop_reason(self.tc, self.progress, self.seconds() / 60, self.max_steps)
-        signum, reason = agree(self.stop, reason, self.device)
+        if self.setup.world.main and not signal_only:
+            reason = stop_reason(self.setup.tc, self.progress, self.seconds() / 60, self.max_steps)
+        signum, reason = agree(self.stop, reason, self.setup.device)
         if signum is not None:
             self.interrupt()
         return reason
@@ -410,7 +346,7 @@ class Trainer:
         self.board.flush()
         raise Interrupted(
             f"{self.stop.name}: stopped at step {p.step} (epoch {p.epoch + 1}, batch {p.batches_done}), saved "
-            f"{path}; resume with: {resume_command(self.out_dir)}",
+            f"{path}; resume with: {resume_command(self.setup.out_dir)}",
             self.stop.signum,
         )
 
@@ -419,26 +355,37 @@ class Trainer:
         to its TensorBoard run; events its previous life logged after the checkpoint are dropped."""
         if self.board is not None:
             return
-        if not self.world.main:
+        if not self.setup.world.main:
             self.board = NullBoard()
             return
-        self.board = Board(self.out_dir / "tb", purge_step=self.progress.step + 1 if self.resumed else None)
+        self.board = Board(
+            self.setup.out_dir / "tb", purge_step=self.progress.step + 1 if self.resumed else None
+        )
 
     def close(self) -> None:
         """Close the board and release the run folder."""
         if self.board is not None:
             self.board.close()
             self.board = None
-        unlock_run_folder(self.out_dir)
+        unlock_run_folder(self.setup.out_dir)
 
     def log_start(self) -> None:
-        log.info("%s", format_stats(dict(self.data.stats, batches=batch_stats(self.sampler))))
-        log.info("%s", describe_setup(self.model_cfg.name, self.params, self.device, self.world, self.tc))
+        log.info("%s", format_stats(dict(self.setup.data.stats, batches=batch_stats(self.sampler))))
+        log.info(
+            "%s",
+            describe_setup(
+                self.setup.model_cfg.name,
+                self.setup.params,
+                self.setup.device,
+                self.setup.world,
+                self.setup.tc,
+            ),
+        )
         log.info("%s", self.schedule.describe())
 
     def log_steps(self) -> None:
         """Log the steps since the last log line (a line and the ``train/*`` scalars), if any."""
         if self.window.count:
-            total = total_steps(self.tc, len(self.sampler), self.max_steps)
+            total = total_steps(self.setup.tc, len(self.sampler), self.max_steps)
             self.board.scalars(log_window(self.progress, self.window, total), self.progress.step)
             self.window = LogWindow()

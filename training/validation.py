@@ -8,7 +8,7 @@ import logging
 import math
 from collections import defaultdict
 from contextlib import nullcontext
-from typing import Callable, ContextManager, Dict, List, NamedTuple, Sequence, Set, Tuple
+from typing import Dict, List, NamedTuple, Sequence, Set, Tuple
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -24,6 +24,7 @@ from inference.heads import Key, loss_and_entropy
 from models.search import Hypothesis
 from training.board import Board
 from training.progress import Progress
+from training.setup import Setup
 from training.step import label_smoothed_nll
 from viewer.summaries import Texts
 
@@ -73,19 +74,18 @@ def validation_loss(
     return {"loss": loss, "ppl": math.exp(min(loss, 50.0))}
 
 
-def validate(
-    model: nn.Module,
-    data: PreparedData,
-    batch_tokens: int,
-    device: torch.device,
-    autocast: Callable[[], ContextManager],
-) -> Tuple[Dict[str, float], List[Hypothesis], List[str]]:
+def validate(setup: Setup) -> Tuple[Dict[str, float], List[Hypothesis], List[str]]:
     """Scores of the validation split (loss, ppl, bleu, chrf), its greedy hypotheses and their text."""
-    valid = data.datasets[VALID]
-    scores = validation_loss(model, valid, batch_tokens, device, autocast)
-    found = decode_ids(model, valid, batch_tokens, device, 1, autocast=autocast)
-    hyps = detokenize(data.tokenizer, found)
-    scores.update(corpus_scores(hyps, data.references[VALID]))
+    model, valid, batch_tokens, device = (
+        setup.model,
+        setup.data.datasets[VALID],
+        setup.eval_batch_tokens,
+        setup.device,
+    )
+    scores = validation_loss(model, valid, batch_tokens, device, setup.autocast)
+    found = decode_ids(model, valid, batch_tokens, device, 1, autocast=setup.autocast)
+    hyps = detokenize(setup.data.tokenizer, found)
+    scores.update(corpus_scores(hyps, setup.data.references[VALID]))
     return scores, found, hyps
 
 
