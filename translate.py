@@ -21,9 +21,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
+from alignment.method import READINGS, parse_method
+
 # None of these imports torch: the command line is checked before torch and the models load.
 from data.errors import DataError
-from inference.align_method import READINGS, parse_method
 from inference.command_line import Output, UsageError, check_model_path, read_input, show_warnings
 from inference.ctranslate2_export import ExportError
 from models.search_options import MAX_LEN_EXTRA, MAX_LEN_RATIO, SearchOptionError, SearchOptions

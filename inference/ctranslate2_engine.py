@@ -38,8 +38,8 @@ import ctranslate2
 import torch
 from torch import Tensor
 
+from alignment.method import Method
 from data.tokenizer import Tokenizer
-from inference.align_method import Method
 from inference.ctranslate2_export import ExportError, read_export, spm_files
 from inference.translator import Translator
 from models.search import Hypothesis, length_penalty

@@ -8,10 +8,10 @@ from typing import Dict, Iterator, List, Tuple
 import torch
 from torch import nn
 
+from alignment.forced import forced_attention
 from data.batching import Batch, ParallelDataset, TokenBucketSampler
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
-from inference.forced_alignment import forced_attention
 from inference.translator import detokenize
 from models.search import Hypothesis, search
 from models.search_options import SearchOptions
@@ -65,7 +65,7 @@ def output_attention(
 ) -> Tuple[Dict[str, object], List[List[int]], List[List[int]]]:
     """Attention of the model over the first ``len(found)`` sentences of ``dataset`` while it
     produces its own outputs ``found`` (fed back teacher-forced, EOS last when it emitted one:
-    ``inference.forced_alignment.forced_attention``).
+    ``alignment.forced.forced_attention``).
 
     Returns the model's attention (``forward(..., need_weights=True)``), the source ids (EOS
     included) and the output ids of each sentence: the axes of the attention maps.

@@ -22,7 +22,7 @@ matplotlib.use("Agg")  # no display: render to images
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from inference.align_method import READINGS, Method  # noqa: E402
+from alignment.method import READINGS, Method  # noqa: E402
 
 CARD_WIDTH_PX = 290  # an image card of TensorBoard 2.21's Images tab, in a 1600 x 1200 window
 PIXELS_PER_CARD_PIXEL = 2  # image pixels per screen pixel of the card: sharp on dense screens too
@@ -95,7 +95,7 @@ def attention_figure(
 
 
 def alignment_grid_figure(grid: Mapping[Method, Any], title: str):
-    """AER on the dev part of every method (``grid``: ``inference.alignment_eval.Scored`` by method):
+    """AER on the dev part of every method (``grid``: ``alignment.evaluation.Scored`` by method):
     one panel per reading, rows the layers (then the mean of all), columns the heads (then their mean)."""
     layers = sorted({m.layer for m in grid if m.layer is not None}) + [None] * any(
         m.layer is None for m in grid

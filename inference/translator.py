@@ -28,15 +28,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from alignment.forced import batched_cross_maps, method_map, word_links
+from alignment.method import DEFAULT_METHOD, Method
+from alignment.scores import pharaoh
+from alignment.words import piece_words
 from common.checkpoint import CheckpointError, load_checkpoint
 from common.device import decode_precision, pick_device, precision_name, use_precision
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
-from inference.aer import pharaoh
-from inference.align_method import DEFAULT_METHODS, Method
-from inference.alignment import piece_words
-from inference.forced_alignment import batched_cross_maps, method_map, word_links
 from models.build import build_model
 from models.config import config_from_dict
 from models.ensemble import Ensemble
@@ -237,7 +237,7 @@ class TorchEngine:
         for number, model in enumerate(members, start=1):
             cross = model.attention_modules()["cross"]
             try:
-                (method or DEFAULT_METHODS[model.cfg.name]).check(len(cross), cross[0].n_heads)
+                (method or DEFAULT_METHOD).check(len(cross), cross[0].n_heads)
             except ValueError as error:
                 which = f"ensemble member {number} ({model.cfg.name}): " if len(members) > 1 else ""
                 raise ValueError(which + str(error)) from None
@@ -245,16 +245,16 @@ class TorchEngine:
     def align(
         self, batch: List[List[int]], found: List[List[Hypothesis]], method: Optional[Method]
     ) -> List[List[Tensor]]:
-        """Each hypothesis's ``(T, S)`` source attention by ``method`` (None: each member's family
-        default, ``DEFAULT_METHODS``), per source of ``batch``: every hypothesis fed teacher-forced
-        (``inference.forced_alignment``), the members' maps averaged."""
+        """Each hypothesis's ``(T, S)`` source attention by ``method`` (None: ``DEFAULT_METHOD``), per
+        source of ``batch``: every hypothesis fed teacher-forced
+        (``alignment.forced``), the members' maps averaged."""
         sources = [src for src, hyps in zip(batch, found) for _ in hyps]
         tokens = [hyp.tokens for hyps in found for hyp in hyps]
         per_member = []
         for model in self.members():
             with self.autocast():
                 maps = batched_cross_maps(model, sources, tokens)  # (L, H, T + 1, S) each
-            chosen = method or DEFAULT_METHODS[model.cfg.name]
+            chosen = method or DEFAULT_METHOD
             per_member.append([method_map(m, chosen) for m in maps])  # (T, S) each
         rows = iter([torch.stack(maps).mean(dim=0) for maps in zip(*per_member)])  # (T, S) each
         return [[next(rows) for _ in hyps] for hyps in found]
@@ -343,7 +343,7 @@ class Translator:
 
         ``beam`` 1 is greedy search; ``alpha`` the GNMT length penalty (None: the run's);
         ``alignments`` adds Pharaoh word alignments and word attention, by ``align_method`` (a
-        layer, heads and reading: ``inference.forced_alignment``; None: each family's default);
+        layer, heads and reading: ``alignment.forced``; None: each family's default);
         the longest output is
         ``max_len_ratio`` x source tokens + ``max_len_extra``. Warnings name sentence ``i`` as line
         ``first_line + i``. Bad arguments raise ``ValueError`` before anything is decoded.

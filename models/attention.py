@@ -45,7 +45,7 @@ the lower triangle without a mask tensor, so that the fused kernel gets it as ``
 one form CUDA's flash-attention kernel takes); it needs as many queries as keys.
 
 A head's output can be switched off for a measurement (the gate ``xi_h`` of Michel et al. 2019,
-``inference/heads.py``) with ``masked_heads({module: (H,) gates})``, a context: nothing is set on
+``alignment/heads.py``) with ``masked_heads({module: (H,) gates})``, a context: nothing is set on
 the module. Shapes follow ``models/__init__.py``: ``T`` queries, ``S`` keys.
 """
 

@@ -6,7 +6,7 @@ A model has:
 - ``start_state(encoded) -> state``: the decoder state before the first target token.
 - ``decode_step(tokens, state) -> (logits, state)``: one target step for ``tokens`` ``(B,)``;
   logits ``(B, V)``. The state is new; the one passed in is not modified. (Alignments come from a
-  teacher-forced ``forward`` over a finished output: ``inference/forced_alignment.py``.)
+  teacher-forced ``forward`` over a finished output: ``alignment/forced.py``.)
 - ``forward(src, src_mask, tgt_in, need_weights=False) -> (logits, attention)``: teacher-forced
   pass over a whole target, logits ``(B, T, V)``; ``attention`` is ``{}`` unless asked.
 

@@ -3,9 +3,9 @@
 The checkpoint's model reads each source sentence and is fed its target teacher-forced; every
 cross-attention map (each layer and head, the means of the heads and of the layers, under both
 readings: the step that predicts a word, the step that reads it) gives word links, pooled from
-subwords to the texts' space-separated words (``inference/forced_alignment.py``). Each method is
+subwords to the texts' space-separated words (``alignment/forced.py``). Each method is
 scored against a reference, chosen on the dev part (the first ``--dev`` pairs, 100 by default) and
-reported on the rest (``inference/alignment_eval.py``):
+reported on the rest (``alignment/evaluation.py``):
 
 - ``--gold F``: human links (sure ``i-j`` and possible ``ipj``, 1-based: the talp format of the
   standard German-English set); the score is the alignment error rate (AER);
@@ -15,10 +15,10 @@ reported on the rest (``inference/alignment_eval.py``):
 
 References scored by the same code: the diagonal, and with ``--train-src/--train-tgt`` (the model's
 training text, raw: Moses-tokenized and lowercased here) fast_align trained on it, with and
-without these pairs added (``inference/fast_align.py``). ``--tokenize`` Moses-tokenizes raw
+without these pairs added (``alignment/fast_align.py``). ``--tokenize`` Moses-tokenizes raw
 ``--src/--tgt`` text first (a gold set is tokenized already). ``--heads-src/--heads-tgt`` (raw
 parallel text, e.g. the validation split) add every head's entropy and importance
-(``inference/heads.py``).
+(``alignment/heads.py``).
 
 Writes ``DIR/report.md`` (the whole grid, the references, the chosen method and its AER on the
 rest), ``DIR/alignments.txt`` (the chosen method's links, Pharaoh ``i-j``, 0-based, one line per
@@ -34,18 +34,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from alignment.method import Method, every_method
+from alignment.scores import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold
 from common.checkpoint import CheckpointError
 from common.files import AtomicFile, write_lines
 from data.corpus import read_lines
 from data.errors import DataError
-from inference.aer import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold
-from inference.align_method import Method, every_method
 
 if TYPE_CHECKING:  # torch loads only once the command line is checked
     from torch import Tensor, nn
 
+    from alignment.heads import HeadStats
     from data.tokenizer import Tokenizer
-    from inference.heads import HeadStats
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -98,7 +98,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def words_of(lines: Sequence[str], tokenize: bool, lang: str) -> List[List[str]]:
     """Each line's words, cased: Moses tokens of raw text, or the space-separated tokens."""
-    from inference.fast_align import moses_tokenize, split_words
+    from alignment.fast_align import moses_tokenize, split_words
 
     return moses_tokenize(lines, lang, lowercase=False) if tokenize else split_words(lines, lowercase=False)
 
@@ -113,7 +113,7 @@ def fast_align_links(
     added: bool,
 ) -> List[Links]:
     """fast_align trained on ``train`` (plus ``pairs`` when ``added``), aligning ``pairs`` (lowercased words)."""
-    from inference.fast_align import align_pairs, train_fast_align
+    from alignment.fast_align import align_pairs, train_fast_align
 
     src, tgt = train
     if added:
@@ -128,7 +128,7 @@ def piece_ids(
 ) -> Tuple[List[List[int]], List[List[int]]]:
     """The subword ids of the space-joined words, and a one-line error when the pieces do not make
     the words back (so word ``i`` of the text is word ``i`` of the pieces)."""
-    from inference.alignment import word_ids
+    from alignment.words import word_ids
 
     src_ids = tokenizer.encode_src([" ".join(w) for w in src_words])
     tgt_ids = tokenizer.encode_tgt([" ".join(w) for w in tgt_words])
@@ -150,7 +150,7 @@ def model_links(
     maps: List["Tensor"], methods: Sequence[Method], src_pieces: List[List[str]], tgt_pieces: List[List[str]]
 ) -> Dict[Method, List[Links]]:
     """Every method's links of every pair."""
-    from inference.forced_alignment import method_map, word_links
+    from alignment.forced import method_map, word_links
 
     return {
         method: [
@@ -171,7 +171,7 @@ class Sample(NamedTuple):
 
 
 def head_stats_by_map(stats: Sequence["HeadStats"]) -> List[List[dict]]:
-    """``inference.heads.head_stats``' list as ``viewer.summaries.encode``'s ``head_stats``."""
+    """``alignment.heads.head_stats``' list as ``viewer.summaries.encode``'s ``head_stats``."""
     from viewer.summaries import head_stats_of
 
     entropy: Dict[str, List[List[float]]] = {}
@@ -198,8 +198,8 @@ def write_samples(
     """The pairs of ``sample`` as Attention-tab sentences (tags ``nmt_attention/gold<i>``, step 0)
     with the reference's links (``gold``), the chosen method's (``links``: the links per pair and
     the method's name) and, when measured, every head's numbers."""
+    from alignment.forced import forced_attention, src_with_eos
     from data.specials import EOS_ID
-    from inference.forced_alignment import forced_attention, src_with_eos
     from training.board import Board
     from viewer.summaries import Texts
 
@@ -267,7 +267,7 @@ def references_and_gold(
     if args.gold:
         gold = read_gold(Path(args.gold), [" ".join(w) for w in src_words], [" ".join(w) for w in tgt_words])
     if args.train_src:
-        from inference.fast_align import moses_tokenize
+        from alignment.fast_align import moses_tokenize
 
         train = (
             moses_tokenize(read_lines(Path(args.train_src)), args.src_lang),
@@ -287,8 +287,8 @@ def heads_section(
     args: argparse.Namespace, model: "nn.Module", tokenizer: "Tokenizer"
 ) -> Tuple[Optional[List["HeadStats"]], str]:
     """Every head's entropy and importance over ``--heads-src/--heads-tgt``, and what they are."""
+    from alignment.heads import head_stats
     from data.batching import ParallelDataset
-    from inference.heads import head_stats
 
     if not args.heads_src:
         return None, ""
@@ -306,10 +306,10 @@ def heads_section(
 
 def run(args: argparse.Namespace) -> str:
     """Everything the command does; returns the report."""
+    from alignment.evaluation import choose, report, score
+    from alignment.forced import batched_cross_maps, src_with_eos
     from common.device import pick_device
-    from inference.alignment_eval import choose, report, score
     from inference.figures import alignment_grid_figure
-    from inference.forced_alignment import batched_cross_maps, src_with_eos
     from inference.translator import load_model
 
     src_lines, tgt_lines, src_words, tgt_words = read_pairs(args)

@@ -1,4 +1,4 @@
-"""Alignment error rate, precision and recall against gold alignments (inference/aer.py). The real
+"""Alignment error rate, precision and recall against gold alignments (alignment/scores.py). The real
 gold set is found through one fixture, ``alignments_dir``."""
 
 import math
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.aer import (
+from alignment.scores import (
     AlignmentError,
     alignment_scores,
     diagonal,

@@ -12,11 +12,11 @@ import pytest
 import torch
 from synthetic import reversal_pairs
 
+from alignment.forced import batched_cross_maps, cross_maps, method_map
+from alignment.heads import head_stats
+from alignment.method import DEFAULT_METHOD, Method, every_method, parse_method
+from alignment.scores import alignment_scores, read_gold, read_pharaoh, split_dev
 from data.specials import EOS_ID
-from inference.aer import alignment_scores, read_gold, read_pharaoh, split_dev
-from inference.align_method import DEFAULT_METHODS, Method, every_method, parse_method
-from inference.forced_alignment import batched_cross_maps, cross_maps, method_map
-from inference.heads import head_stats
 from inference.translator import Translator, load_model
 from models.attention import (
     AdditiveAttention,
@@ -96,7 +96,7 @@ def test_masking_the_one_head_of_a_single_head_attention_leaves_no_context(make,
 
 
 def test_the_masks_are_taken_off_when_a_measurement_fails(trained_synthetic_models, monkeypatch):
-    import inference.heads as heads
+    import alignment.heads as heads
 
     model, tokenizer, _ = load_model(trained_synthetic_models["transformer"][1])
     from data.batching import ParallelDataset
@@ -140,7 +140,7 @@ def test_no_flags_is_each_familys_default_method(trained_synthetic_models):
     explicit = translate("--checkpoint", checkpoint, "--alignments", "--align-layer", "all",
                          "--align-heads", "all", "--align-reading", "predict", "a b c d", "e f g")  # fmt: skip
     assert default.returncode == 0 and default.stdout == explicit.stdout
-    assert DEFAULT_METHODS["transformer"] == Method(None, None, "predict")
+    assert DEFAULT_METHOD == Method(None, None, "predict")
 
 
 def test_a_target_as_long_as_learned_positions_reach_is_aligned(seed):

@@ -1,9 +1,9 @@
-"""Word alignments from subword attention (inference/alignment.py)."""
+"""Word alignments from subword attention (alignment/words.py)."""
 
 import torch
 
-from inference.aer import pharaoh
-from inference.alignment import hard_alignment, piece_words, pool, word_attention, word_ids
+from alignment.scores import pharaoh
+from alignment.words import hard_alignment, piece_words, pool, word_attention, word_ids
 
 
 def test_word_ids_start_a_word_at_each_marker():

@@ -18,9 +18,9 @@ import pytest
 import sacrebleu
 import torch
 
+from alignment.method import Method
 from common.checkpoint import load_checkpoint, save_checkpoint
 from data.corpus import read_lines, split_files
-from inference.align_method import Method
 from inference.ctranslate2_engine import choose_device, load_translator, missing_cuda_libraries
 from inference.ctranslate2_export import export_checkpoint, export_problem, read_export
 from inference.translator import Translator

@@ -1,12 +1,12 @@
-"""fast_align, the reference word aligner (inference/fast_align.py): it recovers the known
-alignment of a made-up word-for-word language, measured with inference/aer.py."""
+"""fast_align, the reference word aligner (alignment/fast_align.py): it recovers the known
+alignment of a made-up word-for-word language, measured with alignment/scores.py."""
 
 import random
 
 import pytest
 
-from inference.aer import AlignmentError, Gold, alignment_scores, diagonal
-from inference.fast_align import align_pairs, moses_tokenize, split_words, train_fast_align, training_lines
+from alignment.fast_align import align_pairs, moses_tokenize, split_words, train_fast_align, training_lines
+from alignment.scores import AlignmentError, Gold, alignment_scores, diagonal
 
 FILLERS = ["la", "le"]  # target words with no source word: unaligned in the gold
 

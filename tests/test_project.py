@@ -15,7 +15,7 @@ import pytest
 from helpers import ROOT
 
 DISTRIBUTION = "attention-nmt"
-PACKAGES = ["common", "comparison", "data", "inference", "models", "training", "viewer"]
+PACKAGES = ["alignment", "common", "comparison", "data", "inference", "models", "training", "viewer"]
 # A change of the module search path: insert/append/... on it, an assignment to it or to an item of
 # it, or a site folder added at run time. Reading it (``sys.path[0]``) is fine.
 PATH_EDIT = re.compile(

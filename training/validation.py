@@ -14,13 +14,13 @@ import torch
 from sacrebleu.metrics import BLEU, CHRF
 from torch import nn
 
+from alignment.heads import Key, loss_and_entropy
 from common.collapse import COLLAPSE_NATS
 from data.batching import ParallelDataset
 from data.corpus import VALID
 from data.pipeline import PreparedData
 from data.specials import PAD_ID
 from inference.decoding import decode_ids, detokenize, ordered_batches, output_attention
-from inference.heads import Key, loss_and_entropy
 from models.search import Hypothesis
 from training.board import Board
 from training.progress import Progress

@@ -23,8 +23,8 @@ from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from alignment.words import word_ids
 from data.specials import BOS_ID, EOS_ID, SPECIAL_TOKENS
-from inference.alignment import word_ids
 from viewer.format import KINDS, SCALE, VERSION, Header, check_optional
 
 PIECE = {i: piece for piece, i in SPECIAL_TOKENS.items()}  # id -> piece of the special tokens

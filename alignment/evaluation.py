@@ -1,22 +1,22 @@
 """Which reading of the attention aligns words best: every method scored against a reference,
 one chosen on a dev part, reported on the rest (``scripts/align.py`` is its command line).
 
-A method (``inference/align_method.py``: a layer, heads and a reading) gives one set of word links
+A method (``alignment/method.py``: a layer, heads and a reading) gives one set of word links
 per sentence pair; so do the reference methods (the diagonal, fast_align). Each is scored by
-alignment error rate, precision and recall (``inference/aer.py``) on the dev part (the first pairs)
+alignment error rate, precision and recall (``alignment/scores.py``) on the dev part (the first pairs)
 and on the rest; the method with the lowest AER on the dev part is the chosen one, and only its
 AER on the rest is the figure to report (choosing on the rest would flatter it).
 
 The report is Markdown: the chosen method, the references, the whole grid, and every head's
-entropy and importance when they were measured (``inference/heads.py``); its figure is
+entropy and importance when they were measured (``alignment/heads.py``); its figure is
 ``inference/figures.py``'s ``alignment_grid_figure``.
 """
 
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, TypeVar
 
-from inference.aer import AlignmentScores, Gold, Links, alignment_scores, split_dev
-from inference.heads import HeadStats
+from alignment.heads import HeadStats
+from alignment.scores import AlignmentScores, Gold, Links, alignment_scores, split_dev
 
 Key = TypeVar("Key")
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple
 
+from alignment.scores import AlignmentError, Links
 from common.files import write_lines
-from inference.aer import AlignmentError, Links
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ A model is fed a given target teacher-forced (forced decoding) and every cross-a
 kept: ``(L, H, T + 1, S)`` per sentence, ``L`` decoder layers of ``H`` heads (the RNN: one layer,
 one head but for ``multihead``), one row per decoder input (row 0 reads ``<s>``, row ``j + 1``
 reads target piece ``j``), one column per source piece (EOS last). A ``Method``
-(``inference/align_method.py``) turns those maps into one ``(T, S)`` map, one row per target piece
+(``alignment/method.py``) turns those maps into one ``(T, S)`` map, one row per target piece
 ``j`` (0-based):
 
 - the **layer**: one (1-based) or the mean of all;
@@ -20,7 +20,7 @@ reads target piece ``j``), one column per source piece (EOS last). A ``Method``
 A Transformer with learned positions reads at most ``max_positions`` inputs: for a target of that
 many pieces the last piece's ``read`` row is its ``predict`` row (the only one there is).
 
-Pieces are pooled to words (``inference/alignment.py``: ``word_attention``) and each target word
+Pieces are pooled to words (``alignment/words.py``: ``word_attention``) and each target word
 is linked to its most-attended source word (``hard_alignment``).
 
 Shapes: ``L`` layers, ``H`` heads, ``T`` target pieces, ``S`` source pieces (EOS included),
@@ -32,10 +32,10 @@ from typing import List, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from alignment.method import Method
+from alignment.words import hard_alignment, word_attention
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
-from inference.align_method import Method
-from inference.alignment import hard_alignment, word_attention
 from models.seq2seq import Attention
 
 

@@ -1,5 +1,5 @@
 """Word alignments from attention: subword weights summed into words, each target word linked to one
-source word (``inference.aer.pharaoh`` writes the links as Pharaoh ``i-j``).
+source word (``alignment.scores.pharaoh`` writes the links as Pharaoh ``i-j``).
 
 Subword pieces come from SentencePiece, where a piece that starts with ``▁`` (U+2581) starts a
 word. A target word's attention row is the mean of its pieces' rows, a source word's weight the
