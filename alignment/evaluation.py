@@ -13,10 +13,13 @@ entropy and importance when they were measured (``alignment/heads.py``); its fig
 """
 
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, TypeVar
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
+from alignment.fast_align import fast_align_links, moses_tokenize
 from alignment.heads import HeadStats
-from alignment.scores import AlignmentScores, Gold, Links, alignment_scores, split_dev
+from alignment.scores import AlignmentScores, Gold, Links, alignment_scores, diagonal, read_gold, split_dev
+from data.corpus import read_lines
 
 Key = TypeVar("Key")
 
@@ -98,3 +101,39 @@ def report(
     if stats:
         lines += ["## Heads", "", stats_about, "", *heads_table(stats), ""]
     return "\n".join(lines)
+
+
+def reference_about(gold: Optional[str]) -> str:
+    """What the scores are measured against, for the report."""
+    if gold:
+        return f"`{gold}` (human sure and possible links)"
+    return (
+        "fast_align's links (trained on the training text plus these pairs): the scores are agreement "
+        "with an aligner, not accuracy"
+    )
+
+
+def references_and_gold(
+    src_words: List[List[str]],
+    tgt_words: List[List[str]],
+    gold_file: Optional[Path],
+    train: Optional[Tuple[Path, Path]],
+    langs: Tuple[str, str],
+) -> Tuple[Dict[str, List[Links]], List[Gold]]:
+    """The reference methods' links (the diagonal; fast_align with the training text) and the links
+    every method is scored against: the human links of ``gold_file``, else fast_align's (every link
+    sure), trained on the raw text ``train`` (source and target files) in the ``langs``."""
+    references = {"diagonal": [diagonal(len(s), len(t)) for s, t in zip(src_words, tgt_words)]}
+    gold = None
+    if gold_file is not None:
+        gold = read_gold(gold_file, [" ".join(w) for w in src_words], [" ".join(w) for w in tgt_words])
+    if train is not None:
+        text = tuple(moses_tokenize(read_lines(path), lang) for path, lang in zip(train, langs))
+        pairs = (src_words, tgt_words)
+        with_pairs = fast_align_links(text, pairs, added=True)
+        if gold is None:
+            gold = [Gold(links, links) for links in with_pairs]
+        else:
+            references["fast_align (training text)"] = fast_align_links(text, pairs, added=False)
+            references["fast_align (training text + these pairs)"] = with_pairs
+    return references, gold

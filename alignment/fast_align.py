@@ -28,6 +28,7 @@ used, so this module's other helpers work without them.
 """
 
 import logging
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Sequence, Tuple
@@ -133,3 +134,28 @@ def align_pairs(
         else frozenset()
         for s, t in zip(src, tgt)
     ]
+
+
+def text_words(lines: Sequence[str], tokenize: bool, lang: str) -> List[List[str]]:
+    """Each line's words, cased: Moses tokens of raw text, or the space-separated tokens."""
+    return moses_tokenize(lines, lang, lowercase=False) if tokenize else split_words(lines, lowercase=False)
+
+
+def lowered(sentences: Sequence[Sequence[str]]) -> List[List[str]]:
+    return [[word.lower() for word in words] for words in sentences]
+
+
+def fast_align_links(
+    train: Tuple[List[List[str]], List[List[str]]],
+    pairs: Tuple[List[List[str]], List[List[str]]],
+    added: bool,
+) -> List[Links]:
+    """fast_align trained on ``train`` (plus ``pairs`` when ``added``), aligning ``pairs``; both are
+    lowercased here (fast_align's own text, as ``moses_tokenize`` gives it)."""
+    pairs = lowered(pairs[0]), lowered(pairs[1])
+    src, tgt = train
+    if added:
+        src, tgt = src + pairs[0], tgt + pairs[1]
+    with tempfile.TemporaryDirectory() as work:
+        model = train_fast_align(src, tgt, Path(work))
+        return align_pairs(model, *pairs)

@@ -27,12 +27,13 @@ Shapes: ``L`` layers, ``H`` heads, ``T`` target pieces, ``S`` source pieces (EOS
 ``B`` sentences.
 """
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from alignment.method import Method
+from alignment.scores import Links
 from alignment.words import hard_alignment, word_attention
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
@@ -107,3 +108,16 @@ def word_links(
 def src_with_eos(ids: Sequence[List[int]]) -> List[List[int]]:
     """Source ids as the encoder takes them, EOS last."""
     return [list(row) + [EOS_ID] for row in ids]
+
+
+def model_links(
+    maps: List[Tensor], methods: Sequence[Method], src_pieces: List[List[str]], tgt_pieces: List[List[str]]
+) -> Dict[Method, List[Links]]:
+    """Every method's links of every pair."""
+    return {
+        method: [
+            frozenset(word_links(method_map(m, method), s, t)[1])
+            for m, s, t in zip(maps, src_pieces, tgt_pieces)
+        ]
+        for method in methods
+    }

@@ -15,6 +15,9 @@ from typing import List, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from alignment.scores import AlignmentError
+from data.tokenizer import Tokenizer
+
 WORD_START = "\u2581"
 
 
@@ -75,3 +78,24 @@ def hard_alignment(words: Tensor) -> List[Tuple[int, int]]:
     if words.numel() == 0:
         return []
     return [(int(i), j) for j, i in enumerate(words.argmax(dim=1).tolist())]
+
+
+def piece_ids(
+    tokenizer: Tokenizer, src_words: List[List[str]], tgt_words: List[List[str]]
+) -> Tuple[List[List[int]], List[List[int]]]:
+    """The subword ids of the space-joined words, and a one-line error when the pieces do not make
+    the words back (so word ``i`` of the text is word ``i`` of the pieces)."""
+    src_ids = tokenizer.encode_src([" ".join(w) for w in src_words])
+    tgt_ids = tokenizer.encode_tgt([" ".join(w) for w in tgt_words])
+    for side, ids_list, words_list, pieces in (
+        ("source", src_ids, src_words, tokenizer.src_pieces),
+        ("target", tgt_ids, tgt_words, tokenizer.tgt_pieces),
+    ):
+        for number, (ids, words) in enumerate(zip(ids_list, words_list), start=1):
+            found = len(set(word_ids(pieces(ids))))
+            if found != len(words):
+                raise AlignmentError(
+                    f"{side} line {number}: {len(words)} words but the tokenizer makes {found}: "
+                    "a word the SentencePiece model drops or splits at a space"
+                )
+    return src_ids, tgt_ids

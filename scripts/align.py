@@ -29,20 +29,20 @@ links and the chosen method's (``viewer/``).
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Tuple
 
-from alignment.method import Method, every_method
-from alignment.scores import AlignmentError, Gold, Links, diagonal, pharaoh, read_gold
+from alignment.fast_align import text_words
+from alignment.method import every_method
+from alignment.scores import AlignmentError, Gold, Links, pharaoh
 from common.checkpoint import CheckpointError
 from common.files import AtomicFile, write_lines
 from data.corpus import read_lines
 from data.errors import DataError
 
 if TYPE_CHECKING:  # torch loads only once the command line is checked
-    from torch import Tensor, nn
+    from torch import nn
 
     from alignment.heads import HeadStats
     from data.tokenizer import Tokenizer
@@ -96,71 +96,6 @@ def check_args(args: argparse.Namespace) -> None:
         )
 
 
-def words_of(lines: Sequence[str], tokenize: bool, lang: str) -> List[List[str]]:
-    """Each line's words, cased: Moses tokens of raw text, or the space-separated tokens."""
-    from alignment.fast_align import moses_tokenize, split_words
-
-    return moses_tokenize(lines, lang, lowercase=False) if tokenize else split_words(lines, lowercase=False)
-
-
-def lowered(sentences: Sequence[Sequence[str]]) -> List[List[str]]:
-    return [[word.lower() for word in words] for words in sentences]
-
-
-def fast_align_links(
-    train: Tuple[List[List[str]], List[List[str]]],
-    pairs: Tuple[List[List[str]], List[List[str]]],
-    added: bool,
-) -> List[Links]:
-    """fast_align trained on ``train`` (plus ``pairs`` when ``added``), aligning ``pairs`` (lowercased words)."""
-    from alignment.fast_align import align_pairs, train_fast_align
-
-    src, tgt = train
-    if added:
-        src, tgt = src + pairs[0], tgt + pairs[1]
-    with tempfile.TemporaryDirectory() as work:
-        model = train_fast_align(src, tgt, Path(work))
-        return align_pairs(model, *pairs)
-
-
-def piece_ids(
-    tokenizer: "Tokenizer", src_words: List[List[str]], tgt_words: List[List[str]]
-) -> Tuple[List[List[int]], List[List[int]]]:
-    """The subword ids of the space-joined words, and a one-line error when the pieces do not make
-    the words back (so word ``i`` of the text is word ``i`` of the pieces)."""
-    from alignment.words import word_ids
-
-    src_ids = tokenizer.encode_src([" ".join(w) for w in src_words])
-    tgt_ids = tokenizer.encode_tgt([" ".join(w) for w in tgt_words])
-    for side, ids_list, words_list, pieces in (
-        ("source", src_ids, src_words, tokenizer.src_pieces),
-        ("target", tgt_ids, tgt_words, tokenizer.tgt_pieces),
-    ):
-        for number, (ids, words) in enumerate(zip(ids_list, words_list), start=1):
-            found = len(set(word_ids(pieces(ids))))
-            if found != len(words):
-                raise AlignmentError(
-                    f"{side} line {number}: {len(words)} words but the tokenizer makes {found}: "
-                    "a word the SentencePiece model drops or splits at a space"
-                )
-    return src_ids, tgt_ids
-
-
-def model_links(
-    maps: List["Tensor"], methods: Sequence[Method], src_pieces: List[List[str]], tgt_pieces: List[List[str]]
-) -> Dict[Method, List[Links]]:
-    """Every method's links of every pair."""
-    from alignment.forced import method_map, word_links
-
-    return {
-        method: [
-            frozenset(word_links(method_map(m, method), s, t)[1])
-            for m, s, t in zip(maps, src_pieces, tgt_pieces)
-        ]
-        for method in methods
-    }
-
-
 class Sample(NamedTuple):
     """The pairs written to the Attention tab: their ids (no EOS) and texts."""
 
@@ -168,21 +103,6 @@ class Sample(NamedTuple):
     tgt_ids: List[List[int]]
     src_text: List[str]
     tgt_text: List[str]
-
-
-def head_stats_by_map(stats: Sequence["HeadStats"]) -> List[List[dict]]:
-    """``alignment.heads.head_stats``' list as ``viewer.summaries.encode``'s ``head_stats``."""
-    from viewer.summaries import head_stats_of
-
-    entropy: Dict[str, List[List[float]]] = {}
-    importance: Dict[str, List[List[float]]] = {}
-    for s in stats:
-        for table, value in ((entropy, s.entropy), (importance, s.importance)):
-            layers = table.setdefault(s.kind, [])
-            while len(layers) < s.layer:
-                layers.append([])
-            layers[s.layer - 1].append(value)
-    return head_stats_of(entropy, importance)
 
 
 def write_samples(
@@ -201,7 +121,7 @@ def write_samples(
     from alignment.forced import forced_attention, src_with_eos
     from data.specials import EOS_ID
     from training.board import Board
-    from viewer.summaries import Texts
+    from viewer.summaries import Texts, head_stats_by_map
 
     attention = forced_attention(model, src_with_eos(sample.src_ids), sample.tgt_ids)
     per_map = head_stats_by_map(stats) if stats else None
@@ -229,15 +149,6 @@ def write_samples(
     board.close()
 
 
-def reference_about(gold: Optional[str]) -> str:
-    if gold:
-        return f"`{gold}` (human sure and possible links)"
-    return (
-        "fast_align's links (trained on the training text plus these pairs): the scores are agreement "
-        "with an aligner, not accuracy"
-    )
-
-
 def read_pairs(args: argparse.Namespace) -> Tuple[List[str], List[str], List[List[str]], List[List[str]]]:
     """The two texts' lines and their words (cased), checked to be pairs."""
     src_lines, tgt_lines = read_lines(Path(args.src)), read_lines(Path(args.tgt))
@@ -252,35 +163,9 @@ def read_pairs(args: argparse.Namespace) -> Tuple[List[str], List[str], List[Lis
     return (
         src_lines,
         tgt_lines,
-        words_of(src_lines, args.tokenize, args.src_lang),
-        words_of(tgt_lines, args.tokenize, args.tgt_lang),
+        text_words(src_lines, args.tokenize, args.src_lang),
+        text_words(tgt_lines, args.tokenize, args.tgt_lang),
     )
-
-
-def references_and_gold(
-    args: argparse.Namespace, src_words: List[List[str]], tgt_words: List[List[str]]
-) -> Tuple[Dict[str, List[Links]], List[Gold]]:
-    """The reference methods' links (the diagonal; fast_align with the training text) and the links
-    every method is scored against: the human gold, else fast_align's (every link sure)."""
-    references = {"diagonal": [diagonal(len(s), len(t)) for s, t in zip(src_words, tgt_words)]}
-    gold = None
-    if args.gold:
-        gold = read_gold(Path(args.gold), [" ".join(w) for w in src_words], [" ".join(w) for w in tgt_words])
-    if args.train_src:
-        from alignment.fast_align import moses_tokenize
-
-        train = (
-            moses_tokenize(read_lines(Path(args.train_src)), args.src_lang),
-            moses_tokenize(read_lines(Path(args.train_tgt)), args.tgt_lang),
-        )
-        pairs = (lowered(src_words), lowered(tgt_words))
-        with_pairs = fast_align_links(train, pairs, added=True)
-        if gold is None:
-            gold = [Gold(links, links) for links in with_pairs]
-        else:
-            references["fast_align (training text)"] = fast_align_links(train, pairs, added=False)
-            references["fast_align (training text + these pairs)"] = with_pairs
-    return references, gold
 
 
 def heads_section(
@@ -306,8 +191,9 @@ def heads_section(
 
 def run(args: argparse.Namespace) -> str:
     """Everything the command does; returns the report."""
-    from alignment.evaluation import choose, report, score
-    from alignment.forced import batched_cross_maps, src_with_eos
+    from alignment.evaluation import choose, reference_about, references_and_gold, report, score
+    from alignment.forced import batched_cross_maps, model_links, src_with_eos
+    from alignment.words import piece_ids
     from common.device import pick_device
     from inference.figures import alignment_grid_figure
     from inference.translator import load_model
@@ -316,7 +202,11 @@ def run(args: argparse.Namespace) -> str:
     model, tokenizer, payload = load_model(Path(args.checkpoint), pick_device(args.device))
     family, attention = payload["model_config"]["name"], payload["model_config"].get("attention", "")
     src_ids, tgt_ids = piece_ids(tokenizer, src_words, tgt_words)
-    references, gold = references_and_gold(args, src_words, tgt_words)
+    train = (Path(args.train_src), Path(args.train_tgt)) if args.train_src else None
+    gold_file = Path(args.gold) if args.gold else None
+    references, gold = references_and_gold(
+        src_words, tgt_words, gold_file, train, (args.src_lang, args.tgt_lang)
+    )
 
     start = time.perf_counter()
     maps = batched_cross_maps(model, src_with_eos(src_ids), tgt_ids)  # (L, H, T + 1, S) each

@@ -23,6 +23,7 @@ from typing import Dict, Iterable, Iterator, List, Mapping, NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from alignment.heads import HeadStats
 from alignment.words import word_ids
 from data.specials import BOS_ID, EOS_ID, SPECIAL_TOKENS
 from viewer.format import KINDS, SCALE, VERSION, Header, check_optional
@@ -159,3 +160,16 @@ def head_stats_of(
 
 def head_stat(entropy: float, importance: Optional[float]) -> HeadStat:
     return {"entropy": float(entropy), "importance": None if importance is None else float(importance)}
+
+
+def head_stats_by_map(stats: Sequence[HeadStats]) -> List[List[HeadStat]]:
+    """``alignment.heads.head_stats``' list as ``viewer.summaries.encode``'s ``head_stats``."""
+    entropy: Dict[str, List[List[float]]] = {}
+    importance: Dict[str, List[List[float]]] = {}
+    for s in stats:
+        for table, value in ((entropy, s.entropy), (importance, s.importance)):
+            layers = table.setdefault(s.kind, [])
+            while len(layers) < s.layer:
+                layers.append([])
+            layers[s.layer - 1].append(value)
+    return head_stats_of(entropy, importance)
