@@ -6,17 +6,13 @@ the weighted sum of the values::
 The functions differ only in ``score`` and in how many heads compute it. Each class's ``score``
 (or, for ``MultiHeadAttention``, ``attend``) is the paper's formula, line for line:
 
-============================  ===========================================  =====  ====================
-class                         score(q, k)                                  heads  ``model.attention``
-============================  ===========================================  =====  ====================
-``AdditiveAttention``         ``w_v^T tanh(W_q q + W_k k)``                one    RNN ``additive``
-``GeneralAttention``          ``q^T W k``                                  one    RNN ``general``
-``ScaledDotAttention``        ``(W_q q)^T (W_k k) / sqrt(d_k)``            one    RNN ``scaled_dot``
-``MultiHeadAttention``        per head ``(q W_Q^h)^T (k W_K^h) / sqrt(d_k)`` H    RNN ``multihead``,
-                              (``score="scaled_dot"``) or                         Transformer
-                              ``w_v^h^T tanh(q W_Q^h + k W_K^h)``                 ``scaled_dot`` or
-                              (``score="additive"``), mixed by ``W_O``            ``additive``
-============================  ===========================================  =====  ====================
+- ``AdditiveAttention``, one head (RNN ``additive``): ``w_v^T tanh(W_q q + W_k k)``;
+- ``GeneralAttention``, one head (RNN ``general``): ``q^T W k``;
+- ``ScaledDotAttention``, one head (RNN ``scaled_dot``): ``(W_q q)^T (W_k k) / sqrt(d_k)``;
+- ``MultiHeadAttention``, ``H`` heads mixed by ``W_O`` (RNN ``multihead``; every attention of the
+  Transformer): per head ``(q W_Q^h)^T (k W_K^h) / sqrt(d_k)`` (``score="scaled_dot"``, the
+  Transformer's ``scaled_dot``) or ``w_v^h^T tanh(q W_Q^h + k W_K^h)`` (``score="additive"``, the
+  Transformer's ``additive``).
 
 So ``model.attention`` names a *score*: in the RNN ``scaled_dot`` and ``additive`` are one head
 over the encoder states as they are (Bahdanau et al. 2015's data flow); in the Transformer every
@@ -52,7 +48,7 @@ the module. Shapes follow ``models/__init__.py``: ``T`` queries, ``S`` keys.
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -364,7 +360,7 @@ class MultiHeadAttention(AttentionFunction):
         scale = self.qk_scale if self.qk_norm else 1.0 / math.sqrt(self.d_k)
         weights = None
         if fused:
-            heads = self.fused(q, k, v, mask, causal, scale)  # (B, H, T, d_k)
+            heads = self.fused_heads(q, k, v, mask, causal, scale)  # (B, H, T, d_k)
         elif self.additive:
             hidden = torch.tanh(q.unsqueeze(3) + k.unsqueeze(2))  # (B, H, T, S, d_k) tanh(Q W_Q^h + K W_K^h)
             scores = torch.einsum("bhtsa,ha->bhts", hidden, self.score_proj)  # (B, H, T, S) w_v^h^T tanh(...)
@@ -379,7 +375,15 @@ class MultiHeadAttention(AttentionFunction):
             out = out * (has_key if has_key.dim() == 2 else has_key.any(dim=1))  # (B, T, D_out)
         return out, weights if need_weights else None
 
-    def fused(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool, scale) -> Tensor:
+    def fused_heads(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Optional[Tensor],
+        causal: bool,
+        scale: Union[float, Tensor],
+    ) -> Tensor:
         """The same heads through ``F.scaled_dot_product_attention`` (no weights; little memory). Its
         output on a fully masked row depends on the backend, so such rows are opened and zeroed."""
         p = self.dropout_p if self.training else 0.0
