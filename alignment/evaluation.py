@@ -16,10 +16,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
-from alignment.fast_align import fast_align_links, moses_tokenize
+from torch import Tensor
+
+from alignment.fast_align import fast_align_links, moses_tokenize, text_words
+from alignment.forced import model_links
 from alignment.heads import HeadStats
-from alignment.scores import AlignmentScores, Gold, Links, alignment_scores, diagonal, read_gold, split_dev
+from alignment.method import Method, every_method
+from alignment.scores import (
+    AlignmentError,
+    AlignmentScores,
+    Gold,
+    Links,
+    alignment_scores,
+    diagonal,
+    read_gold,
+    split_dev,
+)
 from data.corpus import read_lines
+from data.tokenizer import Tokenizer
 
 Key = TypeVar("Key")
 
@@ -137,3 +151,36 @@ def references_and_gold(
             references["fast_align (training text)"] = fast_align_links(text, pairs, added=False)
             references["fast_align (training text + these pairs)"] = with_pairs
     return references, gold
+
+
+def read_pairs(
+    src: Path, tgt: Path, n_dev: int, tokenize: bool, langs: Tuple[str, str]
+) -> Tuple[List[str], List[str], List[List[str]], List[List[str]]]:
+    """The two texts' lines and their words (cased, Moses tokens of raw text when ``tokenize``),
+    checked to be pairs that the first ``n_dev`` of choose a method for the rest."""
+    src_lines, tgt_lines = read_lines(src), read_lines(tgt)
+    if len(src_lines) != len(tgt_lines):
+        raise AlignmentError(
+            f"--src has {len(src_lines)} lines, --tgt {len(tgt_lines)}: give the two sides of the same pairs"
+        )
+    split_dev(src_lines, n_dev)  # both parts hold pairs
+    words = [text_words(lines, tokenize, lang) for lines, lang in zip((src_lines, tgt_lines), langs)]
+    return src_lines, tgt_lines, words[0], words[1]
+
+
+def every_method_scored(
+    maps: Sequence[Tensor],
+    tokenizer: Tokenizer,
+    src_ids: Sequence[List[int]],
+    tgt_ids: Sequence[List[int]],
+    gold: Sequence[Gold],
+    n_dev: int,
+) -> Tuple[Dict[Method, List[Links]], Dict[Method, Scored]]:
+    """Every method's links (``every_method`` of the maps' layers and heads) of the pairs whose
+    cross-attention ``maps`` (``(L, H, T + 1, S)`` each) were read, and their scores against ``gold``."""
+    n_layers, n_heads = maps[0].shape[:2]
+    methods = every_method(n_layers, n_heads)
+    src_pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
+    tgt_pieces = [tokenizer.tgt_pieces(ids) for ids in tgt_ids]
+    predicted = model_links(maps, methods, src_pieces, tgt_pieces)
+    return predicted, {method: score(method.label, predicted[method], gold, n_dev) for method in methods}

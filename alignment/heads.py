@@ -13,7 +13,9 @@ and head by head; the RNN has one map (its ``cross``, one head but for ``multihe
 Shapes: ``B`` sentences, ``H`` heads, ``T`` decoder positions, ``S`` source positions.
 """
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Tuple
 
 import torch
@@ -21,7 +23,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from data.batching import Batch, ParallelDataset
+from data.corpus import read_lines
 from data.specials import PAD_ID
+from data.tokenizer import Tokenizer
 from inference.decoding import ordered_batches
 from models.attention import masked_heads
 
@@ -98,3 +102,19 @@ def head_stats(model: nn.Module, dataset: ParallelDataset, batch_tokens: int = 4
                     importance = loss_and_entropy(model, data, need_weights=False)[0] - loss
                 stats.append(HeadStats(kind, layer, head, entropy[kind, layer, head], importance))
     return stats
+
+
+def text_head_stats(
+    model: nn.Module, tokenizer: Tokenizer, src: Path, tgt: Path
+) -> Tuple[List[HeadStats], str]:
+    """``head_stats`` over the raw parallel text of ``src`` and ``tgt``, and a sentence on what they are."""
+    src_ids = tokenizer.encode_src(read_lines(src))
+    tgt_ids = tokenizer.encode_tgt(read_lines(tgt))
+    start = time.perf_counter()
+    stats = head_stats(model, ParallelDataset(src_ids, tgt_ids))
+    about = (
+        f"Over `{src}` / `{tgt}` ({len(src_ids)} pairs, {time.perf_counter() - start:.1f} s): "
+        "the entropy of each head's weights (nats, the mean over query positions), and its importance, "
+        "the rise of the per-token loss when that head alone is masked (Michel et al. 2019)."
+    )
+    return stats, about

@@ -189,7 +189,7 @@ def split_dev(items: Sequence[Item], n_dev: int = 100) -> Tuple[List[Item], List
     report it, so the reported figure was not tuned on."""
     if len(items) < 2 or not 1 <= n_dev < len(items):
         raise AlignmentError(
-            f"split_dev: n_dev={n_dev} of {len(items)} pairs; it must be between 1 and the pairs less one, "
-            f"so that both parts hold pairs"
+            f"--dev {n_dev}: the first pairs choose the method and the rest report it, so with "
+            f"{len(items)} pairs give a number from 1 to {len(items) - 1}"
         )
     return list(items[:n_dev]), list(items[n_dev:])

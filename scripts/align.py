@@ -33,12 +33,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Tuple
 
-from alignment.fast_align import text_words
-from alignment.method import every_method
 from alignment.scores import AlignmentError, Gold, Links, pharaoh
 from common.checkpoint import CheckpointError
 from common.files import AtomicFile, write_lines
-from data.corpus import read_lines
 from data.errors import DataError
 
 if TYPE_CHECKING:  # torch loads only once the command line is checked
@@ -86,8 +83,6 @@ def check_args(args: argparse.Namespace) -> None:
             sys.exit(f"error: give --{a.replace('_', '-')} and --{b.replace('_', '-')} together")
     if args.gold is None and args.train_src is None:
         sys.exit("error: without --gold the reference is fast_align: give --train-src and --train-tgt")
-    if args.dev < 1:
-        sys.exit(f"error: --dev {args.dev}: at least one pair chooses the method")
     if args.samples < 1:
         sys.exit(f"error: --samples {args.samples}: write at least one pair (or leave --tensorboard out)")
     if args.tokenize and args.gold:
@@ -119,7 +114,6 @@ def write_samples(
     with the reference's links (``gold``), the chosen method's (``links``: the links per pair and
     the method's name) and, when measured, every head's numbers."""
     from alignment.forced import forced_attention, src_with_eos
-    from data.specials import EOS_ID
     from training.board import Board
     from viewer.summaries import Texts, head_stats_by_map
 
@@ -139,8 +133,8 @@ def write_samples(
     board.attention_summaries(
         model.cfg.name,
         attention,
-        [tokenizer.src_pieces(ids + [EOS_ID]) for ids in sample.src_ids],
-        [tokenizer.tgt_pieces(ids + [EOS_ID]) for ids in sample.tgt_ids],
+        [tokenizer.src_pieces(ids) for ids in src_with_eos(sample.src_ids)],
+        [tokenizer.tgt_pieces(ids) for ids in src_with_eos(sample.tgt_ids)],
         [Texts(src, tgt, tgt) for src, tgt in zip(sample.src_text, sample.tgt_text)],
         0,
         tag="gold",
@@ -149,77 +143,43 @@ def write_samples(
     board.close()
 
 
-def read_pairs(args: argparse.Namespace) -> Tuple[List[str], List[str], List[List[str]], List[List[str]]]:
-    """The two texts' lines and their words (cased), checked to be pairs."""
-    src_lines, tgt_lines = read_lines(Path(args.src)), read_lines(Path(args.tgt))
-    if len(src_lines) != len(tgt_lines):
-        raise AlignmentError(
-            f"--src has {len(src_lines)} lines, --tgt {len(tgt_lines)}: give the two sides of the same pairs"
-        )
-    if args.dev >= len(src_lines):
-        raise AlignmentError(
-            f"--dev {args.dev}: the texts have {len(src_lines)} pairs, none would be left to report on"
-        )
-    return (
-        src_lines,
-        tgt_lines,
-        text_words(src_lines, args.tokenize, args.src_lang),
-        text_words(tgt_lines, args.tokenize, args.tgt_lang),
-    )
-
-
-def heads_section(
-    args: argparse.Namespace, model: "nn.Module", tokenizer: "Tokenizer"
-) -> Tuple[Optional[List["HeadStats"]], str]:
-    """Every head's entropy and importance over ``--heads-src/--heads-tgt``, and what they are."""
-    from alignment.heads import head_stats
-    from data.batching import ParallelDataset
-
-    if not args.heads_src:
-        return None, ""
-    src = tokenizer.encode_src(read_lines(Path(args.heads_src)))
-    tgt = tokenizer.encode_tgt(read_lines(Path(args.heads_tgt)))
-    start = time.perf_counter()
-    stats = head_stats(model, ParallelDataset(src, tgt))
-    about = (
-        f"Over `{args.heads_src}` / `{args.heads_tgt}` ({len(src)} pairs, {time.perf_counter() - start:.1f} s): "
-        "the entropy of each head's weights (nats, the mean over query positions), and its importance, "
-        "the rise of the per-token loss when that head alone is masked (Michel et al. 2019)."
-    )
-    return stats, about
-
-
 def run(args: argparse.Namespace) -> str:
     """Everything the command does; returns the report."""
-    from alignment.evaluation import choose, reference_about, references_and_gold, report, score
-    from alignment.forced import batched_cross_maps, model_links, src_with_eos
+    from alignment.evaluation import (
+        choose,
+        every_method_scored,
+        read_pairs,
+        reference_about,
+        references_and_gold,
+        report,
+        score,
+    )
+    from alignment.forced import batched_cross_maps, src_with_eos
+    from alignment.heads import text_head_stats
     from alignment.words import piece_ids
     from common.device import pick_device
     from inference.figures import alignment_grid_figure
     from inference.translator import load_model
 
-    src_lines, tgt_lines, src_words, tgt_words = read_pairs(args)
+    langs = (args.src_lang, args.tgt_lang)
+    src_lines, tgt_lines, src_words, tgt_words = read_pairs(
+        Path(args.src), Path(args.tgt), args.dev, args.tokenize, langs
+    )
     model, tokenizer, payload = load_model(Path(args.checkpoint), pick_device(args.device))
     family, attention = payload["model_config"]["name"], payload["model_config"].get("attention", "")
     src_ids, tgt_ids = piece_ids(tokenizer, src_words, tgt_words)
     train = (Path(args.train_src), Path(args.train_tgt)) if args.train_src else None
     gold_file = Path(args.gold) if args.gold else None
-    references, gold = references_and_gold(
-        src_words, tgt_words, gold_file, train, (args.src_lang, args.tgt_lang)
-    )
+    references, gold = references_and_gold(src_words, tgt_words, gold_file, train, langs)
 
     start = time.perf_counter()
     maps = batched_cross_maps(model, src_with_eos(src_ids), tgt_ids)  # (L, H, T + 1, S) each
-    n_layers, n_heads = maps[0].shape[:2]
-    methods = every_method(n_layers, n_heads)
-    src_pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
-    tgt_pieces = [tokenizer.tgt_pieces(ids) for ids in tgt_ids]
-    predicted = model_links(maps, methods, src_pieces, tgt_pieces)
-    seconds = time.perf_counter() - start
-
-    scored = {method: score(method.label, predicted[method], gold, args.dev) for method in methods}
+    predicted, scored = every_method_scored(maps, tokenizer, src_ids, tgt_ids, gold, args.dev)
+    seconds, methods, (n_layers, n_heads) = time.perf_counter() - start, list(scored), maps[0].shape[:2]
     chosen = choose(scored)
-    stats, stats_about = heads_section(args, model, tokenizer)
+    stats, stats_about = (None, "")
+    if args.heads_src:
+        stats, stats_about = text_head_stats(model, tokenizer, Path(args.heads_src), Path(args.heads_tgt))
     about = [
         f"Checkpoint `{args.checkpoint}`: {family}, {attention} attention, {n_layers} decoder layer(s) of "
         f"{n_heads} head(s).",

@@ -99,8 +99,8 @@ def test_split_dev_keeps_the_first_pairs_for_choosing():
     dev, rest = split_dev(list(range(508)))
     assert dev == list(range(100)) and rest == list(range(100, 508))
     assert split_dev("abc", n_dev=1) == (["a"], ["b", "c"])
-    for n_dev in (0, 3):
-        with pytest.raises(AlignmentError, match=f"n_dev={n_dev} of 3 pairs"):
+    for n_dev in (0, 3):  # one check of --dev: both parts must hold pairs
+        with pytest.raises(AlignmentError, match=f"--dev {n_dev}: .* with 3 pairs give a number from 1 to 2"):
             split_dev("abc", n_dev=n_dev)
 
 

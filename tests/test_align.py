@@ -387,3 +387,18 @@ def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models, tmp_path
     assert_one_error_line(
         done, "ensemble member 1 (rnn): alignment layer 2: the model has 1 decoder layer(s)"
     )
+
+
+@pytest.mark.parametrize("dev", [0, 6])
+def test_a_dev_part_that_leaves_no_pair_on_either_side_is_one_line(
+    dev, trained_synthetic_models, tmp_path, capsys
+):
+    src, tgt, gold = reversal_set(tmp_path, count=6)
+    out = tmp_path / "out"
+    assert align_with_gold(trained_synthetic_models["rnn"][1], src, tgt, gold, dev, out) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: --dev {dev}: the first pairs choose the method and the rest report it, so with 6 pairs give a "
+        "number from 1 to 5"
+    )
+    assert not out.exists()  # nothing written
