@@ -44,11 +44,16 @@ class HeadStats:
     importance: float
 
 
+def row_entropy(weights: Tensor) -> Tensor:
+    """``(..., Q, K)`` attention weights -> ``(..., Q)``: each row's entropy in nats (``0 log 0 = 0``):
+    0 for a row on one key, ``log K`` for a uniform one."""
+    return torch.special.entr(weights.detach().float()).sum(dim=-1)  # (..., Q)
+
+
 def summed_entropy(weights: Tensor, rows: Tensor) -> Tensor:
     """``(B, H, Q, K)`` weights and ``(B, Q)`` real query rows -> ``(H,)`` entropy summed over the
-    real rows (``0 log 0 = 0``)."""
-    entropy = torch.special.entr(weights.float()).sum(dim=-1)  # (B, H, Q)
-    return (entropy * rows[:, None, :]).sum(dim=(0, 2))  # (H,)
+    real rows."""
+    return (row_entropy(weights) * rows[:, None, :]).sum(dim=(0, 2))  # (H,)
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from alignment.heads import row_entropy
 from data.batching import ParallelDataset
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
@@ -68,3 +69,10 @@ def test_the_transformer_has_a_scalar_per_kind_and_layer_and_per_cross_head(tmp_
     for tag in tags:
         values = [v for _, v in scalars(tmp_path / "tb", tag)]
         assert len(values) == 2 and all(0.0 < v <= math.log(10) for v in values)  # at most log(S), S <= 10
+
+
+def test_a_rows_entropy_is_zero_on_one_key_and_log_of_the_keys_when_uniform():
+    one_key = torch.eye(5)[None, :3]  # (1, 3, 5)
+    uniform = torch.full((1, 3, 5), 1 / 5)
+    means = row_entropy(torch.cat([one_key, uniform])).mean(-1)  # (2,): per head, the mean over rows
+    assert means.tolist() == pytest.approx([0.0, math.log(5)])

@@ -18,10 +18,11 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from alignment.heads import row_entropy
 from training.board import Board
 from viewer.format import PLUGIN_NAME, SCALE, decode, spans, summary_of
 from viewer.plugin import AttentionLoader, at_step, sentence_number
-from viewer.summaries import Texts, encode, head_stats_of, mean_row_entropy, words_of
+from viewer.summaries import Texts, encode, head_stats_of, words_of
 
 from helpers import TINY_RNN, TINY_TRANSFORMER, compose, tiny_model_config, tiny_run
 
@@ -118,7 +119,7 @@ def test_gold_links_and_head_stats_round_trip_and_a_sentence_without_them_stays_
     attention = transformer_attention()
     src, out = ["▁Ein", "▁Mann", ".", "</s>"], ["▁A", "▁m", "an", "</s>"]  # 3 words each, EOS included
     entropy = {
-        kind: [mean_row_entropy(layer[1, :, :4, :4]).tolist() for layer in attention[kind]]
+        kind: [row_entropy(layer[1, :, :4, :4]).mean(-1).tolist() for layer in attention[kind]]
         for kind in attention
     }
     importance = {"cross": [[0.031, None], [-0.002, 0.5]]}  # the other kinds: not measured
@@ -149,12 +150,6 @@ def test_gold_links_and_head_stats_round_trip_and_a_sentence_without_them_stays_
     assert plain_weights == weights and not set(OPTIONAL) & set(plain)
     assert {k: v for k, v in stored.items() if k not in OPTIONAL} == plain
     assert decode(json.dumps(plain).encode(), weights) == plain
-
-
-def test_mean_row_entropy_is_zero_on_one_key_and_log_of_the_keys_when_uniform():
-    one_key = torch.eye(5)[None]  # (1, 5, 5)
-    uniform = torch.full((1, 3, 5), 1 / 5)
-    assert mean_row_entropy(torch.cat([one_key[:, :3], uniform])).tolist() == pytest.approx([0.0, np.log(5)])
 
 
 def test_optional_fields_that_do_not_fit_the_sentence_are_refused():

@@ -95,8 +95,9 @@ def write_gold_run(folder: Path) -> None:
     sharper in later heads, so the map has dark and light cells."""
     import torch
 
+    from alignment.heads import row_entropy
     from training.board import Board
-    from viewer.summaries import Texts, head_stats_of, mean_row_entropy, words_of
+    from viewer.summaries import Texts, head_stats_of, words_of
 
     generator = torch.Generator().manual_seed(0)
     src_words, out_words = words_of(GOLD_SRC), words_of(GOLD_OUT)
@@ -109,7 +110,7 @@ def write_gold_run(folder: Path) -> None:
 
     s, t = len(GOLD_SRC), len(GOLD_OUT)
     attention = {"cross": layers(t, s, sure), "encoder_self": layers(s, s), "decoder_self": layers(t, t)}
-    entropy = {kind: [mean_row_entropy(x[0]).tolist() for x in maps] for kind, maps in attention.items()}
+    entropy = {kind: [row_entropy(x[0]).mean(-1).tolist() for x in maps] for kind, maps in attention.items()}
     texts = Texts("Ein kleiner Hund springt .", "A small dog jumps .", "A small dog jumps .")
     extras = {
         "gold": GOLD,

@@ -12,7 +12,7 @@ tokens:
 
 A sentence may also carry a gold word alignment, the model's own hard links and statistics of
 every head measured over a validation set (``encode``'s keyword arguments; the optional fields of
-``viewer/format.py``). ``mean_row_entropy`` and ``head_stats_of`` build the last from the attention.
+``viewer/format.py``). ``head_stats_of`` builds the last from each head's entropy (``alignment.heads.row_entropy``).
 
 The training side only: this module uses torch; the plugin reads summaries through
 ``viewer/format.py`` alone.
@@ -132,14 +132,6 @@ def link_list(links: Iterable[Link]) -> List[List[int]]:
     """Links as JSON pairs ``[[i, j], ...]``, each once, in their first order."""
     pairs = [[int(i), int(j)] for i, j in links]
     return [pair for k, pair in enumerate(pairs) if pair not in pairs[:k]]
-
-
-def mean_row_entropy(weights: Tensor) -> Tensor:
-    """``(H, rows, cols)`` attention -> ``(H,)``: per head, the mean over query rows of the row's
-    entropy in nats (0 for a row on one key, ``log(cols)`` for a uniform row). The viewer computes
-    the same from the stored weights when a sentence has no ``head_stats``."""
-    weights = weights.detach().float()
-    return -torch.special.xlogy(weights, weights).sum(-1).mean(-1)  # (H,)
 
 
 def head_stats_of(

@@ -298,7 +298,7 @@ function headNumbers(sample, map) {
 }
 
 /** The mean over the rows of head `h` (0-based) of `map` of the row's entropy in nats
- * (viewer/summaries.py's mean_row_entropy, here of the stored 8-bit weights). */
+ * (alignment/heads.py's row_entropy averaged over the rows, here of the stored 8-bit weights). */
 function meanRowEntropy(bytes, map, h) {
   const { rows, cols, offset } = map;
   let total = 0;
