@@ -81,9 +81,11 @@ def combine_masks(*masks: Optional[Tensor]) -> Optional[Tensor]:
     """The intersection of broadcastable boolean masks, None entries skipped (None if all are)."""
     result: Optional[Tensor] = None
     for mask in masks:
-        if mask is not None and mask.dtype != torch.bool:
+        if mask is None:
+            continue
+        if mask.dtype != torch.bool:
             raise TypeError(f"masks must be boolean (True = may attend), got {mask.dtype}")
-        result = mask if result is None else result if mask is None else result & mask
+        result = mask if result is None else result & mask  # broadcast to the shape of both
     return result
 
 
