@@ -138,7 +138,7 @@ def check_args(args: argparse.Namespace) -> Dict[str, Any]:
         )
     for path in args.checkpoint:
         check_model_path(Path(path), args.engine)
-    method = None  # the --align-* choice (a flag left out: all layers, all heads, predict), else the family's
+    method = None  # the --align-* choice (a flag left out: all layers, all heads, predict), else the default
     if args.align_layer is not None or args.align_heads is not None or args.align_reading is not None:
         try:
             method = parse_method(

@@ -187,7 +187,11 @@ def diagonal(n_src: int, n_tgt: int) -> Links:
 def split_dev(items: Sequence[Item], n_dev: int = 100) -> Tuple[List[Item], List[Item]]:
     """``(dev, rest)``: the first ``n_dev`` items choose a method (its settings, its layer), the rest
     report it, so the reported figure was not tuned on."""
-    if len(items) < 2 or not 1 <= n_dev < len(items):
+    if len(items) < 2:
+        raise AlignmentError(
+            f"{len(items)} pair(s): a dev part (--dev) and a rest to report on need 2 or more"
+        )
+    if not 1 <= n_dev < len(items):
         raise AlignmentError(
             f"--dev {n_dev}: the first pairs choose the method and the rest report it, so with "
             f"{len(items)} pairs give a number from 1 to {len(items) - 1}"

@@ -9,7 +9,7 @@ a line per configuration.
 import json
 import statistics
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from common.collapse import COLLAPSE_NATS as COLLAPSED
 from common.files import AtomicFile
@@ -18,6 +18,14 @@ from comparison.formats import format_score
 from comparison.runs import NOT_A_SETTING, Run
 
 Curve = Dict[float, List[Run]]  # the peak rate -> its runs (one a seed)
+
+
+class Entropy(NamedTuple):
+    """The cross-attention's entropy at a run's last evaluation (nats): the mean over its layers,
+    and its lowest head (under ``COLLAPSED``: the run's cross-attention collapsed, as train.log says)."""
+
+    mean: float
+    lowest: float
 
 
 def rate_of(run: Run) -> Optional[float]:
@@ -44,28 +52,28 @@ def rate_curves(runs: Sequence[Run]) -> Dict[str, Curve]:
     labels: Dict[str, str] = {}
     for run in runs:
         rate = rate_of(run)
-        if run.config is None or rate is None:
-            continue
+        if run.config is None or rate is None or run.results["valid"].get("bleu") is None:
+            continue  # a run stopped before its first evaluation has no point on a curve
         key = curve_key(run)
         labels.setdefault(key, curve_label(run))
         curves.setdefault(key, {}).setdefault(rate, []).append(run)
     return {labels[k]: dict(sorted(c.items())) for k, c in curves.items() if len(c) > 1}
 
 
-def cross_entropy(run: Run) -> Optional[float]:
-    """The mean over layers of the cross-attention's entropy at the run's last evaluation, None
-    when its events hold none (a run from before the scalars)."""
+def cross_entropy(run: Run) -> Optional[Entropy]:
+    """The cross-attention's entropy at the run's last evaluation (``Entropy``), None when its
+    events hold none (a run from before the scalars)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not (run.path / "tb").is_dir():
         return None
     events = EventAccumulator(str(run.path / "tb"), size_guidance={"scalars": 0})
     events.Reload()
-    tags = [
-        t for t in events.Tags().get("scalars", []) if t.startswith("entropy/cross/") and "/head" not in t
-    ]
-    last = [max(events.Scalars(tag), key=lambda e: e.step).value for tag in tags]
-    return statistics.fmean(last) if last else None
+    tags = [t for t in events.Tags().get("scalars", []) if t.startswith("entropy/cross/")]
+    last = {tag: max(events.Scalars(tag), key=lambda e: e.step).value for tag in tags}
+    layers = [v for tag, v in last.items() if "/head" not in tag]
+    heads = [v for tag, v in last.items() if "/head" in tag] or layers
+    return Entropy(statistics.fmean(layers), min(heads)) if layers else None
 
 
 def best_rate(curve: Curve) -> Tuple[float, bool]:
@@ -75,7 +83,7 @@ def best_rate(curve: Curve) -> Tuple[float, bool]:
     return best, min(curve) < best < max(curve)
 
 
-def rates_section(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]]) -> List[str]:
+def rates_section(curves: Dict[str, Curve], entropy: Dict[Path, Optional[Entropy]]) -> List[str]:
     """The report's section: a table per configuration, its best rate and the collapses."""
     if not curves:
         return []
@@ -85,7 +93,8 @@ def rates_section(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]]
         "",
         "Runs that differ only by `trainer.lr` and the seed: validation BLEU (greedy, best evaluation) "
         "of each seed and their mean, and the cross-attention's entropy at the last evaluation (nats, "
-        f"the mean over seeds; under {COLLAPSED} the attention has collapsed onto one source position). "
+        f"the mean over layers and seeds; a run whose lowest head is under {COLLAPSED} has collapsed "
+        "onto one source position). "
         "The best rate is the highest mean; a best rate at an end of the range asks for a wider range.",
     ]
     for label, curve in curves.items():
@@ -101,10 +110,9 @@ def rates_section(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]]
             runs = sorted(runs, key=lambda r: r.seed if r.seed is not None else -1)
             bleus = [r.results["valid"]["bleu"] for r in runs]
             nats = [v for v in (entropy.get(r.path) for r in runs) if v is not None]
-            shown = f"{statistics.fmean(nats):.3f}" if nats else "-"
-            shown += (
-                f" ({sum(v < COLLAPSED for v in nats)} collapsed)" if any(v < COLLAPSED for v in nats) else ""
-            )
+            collapsed = sum(v.lowest < COLLAPSED for v in nats)
+            shown = f"{statistics.fmean(v.mean for v in nats):.3f}" if nats else "-"
+            shown += f" ({collapsed} collapsed)" if collapsed else ""
             mark = "**" if rate == best else ""
             lines.append(
                 f"| {mark}{rate:g}{mark} | {', '.join(str(r.seed) for r in runs)} | "
@@ -115,7 +123,7 @@ def rates_section(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]]
     return lines
 
 
-def plot_rates(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]], path: Path) -> None:
+def plot_rates(curves: Dict[str, Curve], entropy: Dict[Path, Optional[Entropy]], path: Path) -> None:
     """``learning_rates.png``: validation BLEU (each seed a dot, the mean a line) and the
     cross-attention's entropy against the peak rate (log scale), a line per configuration."""
     import matplotlib
@@ -134,9 +142,8 @@ def plot_rates(curves: Dict[str, Curve], entropy: Dict[Path, Optional[float]], p
             )
         means = [statistics.fmean(r.results["valid"]["bleu"] for r in curve[rate]) for rate in rates]
         left.plot(rates, means, "-", color=color, label=label)
-        points = [
-            (rate, v) for rate in rates for v in [entropy.get(r.path) for r in curve[rate]] if v is not None
-        ]
+        found = [(rate, entropy.get(r.path)) for rate in rates for r in curve[rate]]
+        points = [(rate, e.mean) for rate, e in found if e is not None]
         if points:
             right.plot(*zip(*points), "o", color=color, alpha=0.5)
             by_rate = {rate: statistics.fmean(v for x, v in points if x == rate) for rate, _ in points}

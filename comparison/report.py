@@ -12,7 +12,7 @@ from comparison.budgets import budget_sections
 from comparison.curves import Curves
 from comparison.formats import format_mean_std, format_minutes, format_score
 from comparison.grid import grid_section
-from comparison.rates import rate_curves, rates_section
+from comparison.rates import Entropy, rate_curves, rates_section
 from comparison.runs import Run, group_labels, groups_of, test_splits, valid_scores
 from comparison.significance import across_seeds_section, paired_bootstrap, significance_table
 
@@ -129,7 +129,7 @@ def report(
     samples: int,
     curves: Optional[Dict[Path, Optional[Curves]]] = None,
     minutes_step: float = 5.0,
-    entropy: Optional[Dict[Path, Optional[float]]] = None,
+    entropy: Optional[Dict[Path, Optional[Entropy]]] = None,
 ) -> str:
     """The Markdown report; ``curves`` (``run_curves`` of each run, by its path) make the budget
     sections, ``entropy`` (``cross_entropy`` of each run) the learning-rate tables' last column."""

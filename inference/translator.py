@@ -232,7 +232,7 @@ class TorchEngine:
         return list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
 
     def check_method(self, method: Optional[Method]) -> None:
-        """A one-line ``ValueError`` when a member has no such layer or head (None: each family's default)."""
+        """A one-line ``ValueError`` when a member has no such layer or head (None: ``DEFAULT_METHOD``)."""
         members = self.members()
         for number, model in enumerate(members, start=1):
             cross = model.attention_modules()["cross"]
@@ -343,7 +343,7 @@ class Translator:
 
         ``beam`` 1 is greedy search; ``alpha`` the GNMT length penalty (None: the run's);
         ``alignments`` adds Pharaoh word alignments and word attention, by ``align_method`` (a
-        layer, heads and reading: ``alignment.forced``; None: each family's default);
+        layer, heads and reading: ``alignment.forced``; None: ``DEFAULT_METHOD``);
         the longest output is
         ``max_len_ratio`` x source tokens + ``max_len_extra``. Warnings name sentence ``i`` as line
         ``first_line + i``. Bad arguments raise ``ValueError`` before anything is decoded.
@@ -374,8 +374,8 @@ class Translator:
         return results
 
     def check_alignment(self, method: Optional[Method]) -> None:
-        """A one-line ``ValueError`` when the engine cannot align by ``method`` (None: each family's
-        default), before anything is decoded."""
+        """A one-line ``ValueError`` when the engine cannot align by ``method`` (None: the default
+        method), before anything is decoded."""
         self.engine.check_method(method)
 
     def encode(self, sentences: Sequence[str], numbers: Sequence[int]) -> List[List[int]]:

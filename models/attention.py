@@ -209,6 +209,8 @@ class AttentionFunction(nn.Module):
 
     def gate(self, heads: Tensor) -> Tensor:
         """Every head's output ``(B, H, T, d)`` scaled by its gate under ``masked_heads``."""
+        if torch.compiler.is_compiling():  # a compiled model measures nothing (a ContextVar breaks its graph)
+            return heads
         gates = (_HEAD_MASKS.get() or {}).get(self)
         return heads if gates is None else heads * gates.to(heads.dtype).view(1, -1, 1, 1)
 
@@ -319,9 +321,11 @@ class MultiHeadAttention(AttentionFunction):
     ):
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        if score not in ("scaled_dot", "additive") or (qk_norm and score != "scaled_dot"):
+        if score not in ("scaled_dot", "additive"):
+            raise ValueError(f"score must be scaled_dot or additive, got {score!r}")
+        if qk_norm and score != "scaled_dot":
             raise ValueError(
-                f"score must be scaled_dot or additive (qk_norm: scaled_dot only), got {score!r}"
+                "qk_norm normalises the queries and keys of a dot product: the additive score has none"
             )
         super().__init__(dropout, qk_norm)
         self.n_heads, self.d_k = n_heads, d_model // n_heads

@@ -1167,7 +1167,7 @@ RATE_JOBS = [
     ("scaled_dot", "2e-3", 1, 20.0, 1.4),
     ("scaled_dot", "4e-3", 1, 28.0, 1.1),
     ("scaled_dot", "4e-3", 2, 26.0, 1.0),
-    ("scaled_dot", "8e-3", 1, 25.0, 0.001),
+    ("scaled_dot", "8e-3", 1, 25.0, 0.002),
     ("scaled_dot", "8e-3", 2, 23.0, 0.9),
 ]
 
@@ -1183,10 +1183,21 @@ def rates_report(refs, tmp_path_factory):
         job = sweep_job(folder, number, overrides)
         write_run(job, refs, refs, overrides, curve=((2, 30.0, bleu - 5), (4, 66.0, bleu)))
         writer = SummaryWriter(log_dir=str(job / "tb"))
-        writer.add_scalar("entropy/cross/layer1", 2.0, 2)  # the last evaluation's counts, not this one
-        writer.add_scalar("entropy/cross/layer1", nats, 4)
-        writer.add_scalar("entropy/cross/layer1/head1", 0.0, 4)  # a head: not the layer's mean
+        writer.add_scalar("entropy/cross/layer1", 0.0, 2)  # the last evaluation's counts, not this one
+        writer.add_scalar("entropy/cross/layer1", nats + 0.2, 4)  # the layer's mean: the table's
+        writer.add_scalar("entropy/cross/layer1/head1", nats, 4)  # the lowest head: collapsed or not
+        writer.add_scalar("entropy/cross/layer1/head2", nats + 0.4, 4)
         writer.close()
+    # a run stopped before its first evaluation: no validation BLEU, no point on its curve
+    overrides = [
+        "+experiment=attention_lr",
+        "model=rnn",
+        "model.attention=additive",
+        "trainer.lr=1.6e-2",
+        "seed=1",
+    ]
+    unscored = {"loss": None, "ppl": None, "bleu": None, "chrf": None, "step": None}
+    write_run(sweep_job(folder, len(RATE_JOBS), overrides), refs, refs, overrides, curve=None, valid=unscored)
     code, out, err = compare(folder, "--bootstrap", 10)
     assert code == 0, err
     return folder, out
@@ -1199,12 +1210,13 @@ def test_the_learning_rate_section_has_a_curve_per_attention_with_its_best_rate(
     assert "`rnn +experiment=attention_lr model.attention=additive`" in additive
     rows = [line for line in scaled_dot.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert rows == [
-        "| 0.002 | 1 | 20.00 | 20.00 | 1.400 |",
-        "| **0.004** | 1, 2 | 28.00, 26.00 | 27.00 | 1.050 |",
-        "| 0.008 | 1, 2 | 25.00, 23.00 | 24.00 | 0.450 (1 collapsed) |",
+        "| 0.002 | 1 | 20.00 | 20.00 | 1.600 |",
+        "| **0.004** | 1, 2 | 28.00, 26.00 | 27.00 | 1.250 |",
+        "| 0.008 | 1, 2 | 25.00, 23.00 | 24.00 | 0.651 (1 collapsed) |",
     ]
     assert "Best rate 0.004 (inside the range)." in scaled_dot
     assert "Best rate 0.008 (at an end of the range: try rates beyond it)." in additive
+    assert "| 0.016 |" not in additive
     assert (folder / "learning_rates.png").stat().st_size > 10_000
 
 

@@ -1,7 +1,8 @@
 """Training, one concept a module; read trainer.py first.
 
 config.py      the config's schemas and every value's check, before any data is read
-trainer.py     Trainer: a run's state and the loop (fit, train_epoch, train_step, evaluate)
+setup.py       Setup: the run's model, optimizer, device, precision, ranks, data, made once
+trainer.py     Trainer: a run's setup and progress, and the loop (fit, train_epoch, train_step, evaluate)
 step.py        the loss and one optimizer step (accumulate, clip, update, skip a non-finite step)
 schedule.py    the learning rate of each step
 validation.py  an evaluation: loss, greedy decoding, BLEU and chrF, images and samples

@@ -16,7 +16,7 @@ from data.config import DataConfig, data_config
 from models.config import RNNConfig, TransformerConfig, config_from_dict
 from training.schedule import FITTED, SCHEDULES
 
-OPTIMIZERS = ("adam", "adamw")  # training/step.py make_optimizer
+OPTIMIZERS = ("adam", "adamw")  # training/setup.py make_optimizer
 
 
 @dataclass
