@@ -18,19 +18,12 @@ So ``model.attention`` names a *score*: in the RNN ``scaled_dot`` and ``additive
 over the encoder states as they are (Bahdanau et al. 2015's data flow); in the Transformer every
 attention is ``H`` heads of that score with ``W_V`` and ``W_O`` (Vaswani et al. 2017, 3.2.2).
 
-``qk_norm`` (the dot-product scores only; Henry et al. 2020, "Query-Key Normalization"): queries
-and keys are L2-normalised per head, so that ``q^T k`` is a cosine in ``[-1, 1]``, and the fixed
-``1/sqrt(d_k)`` becomes a learned scale ``g`` (``qk_scale``), which starts at ``QK_NORM_SCALE``:
-the paper's ``log2(L^2 - L)`` for ``L`` = 32, about the 97.5th percentile of a Multi30k sentence
-in subwords. A bounded score cannot saturate the softmax by growing the logits, which is how a dot
-product collapses onto one key at a high learning rate.
+``qk_norm`` (dot-product scores; Henry et al. 2020): unit queries and keys per head, so that
+``q^T k`` is a cosine, scaled by a learned ``g`` (``qk_scale``, from ``QK_NORM_SCALE``) instead of
+``1/sqrt(d_k)``: a bounded score cannot saturate the softmax on one key (docs/attention.md).
 
-Every class has one interface, so a decoder or layer does not change with the choice:
-``project_kv(key, value)`` is what does not depend on the query (per-head keys and values
-``(B, H, S, .)``, computed once per sentence and cached); ``attend(query, k, v, mask,
-need_weights, causal)`` returns the output ``(B, T, D_out)`` and the weights ``(B, H, T, S)``
-(None unless asked for); ``forward(query, key, value, ...)`` is ``attend(query, *project_kv(key,
-value), ...)``. Weights are the softmax before attention dropout, returned, never stored.
+Every class has one interface (``AttentionFunction``): ``project_kv`` (what does not depend on the
+query, cached by decoders), ``attend`` and ``forward``. Weights are returned, never stored.
 
 Masks are boolean, ``True`` = may attend (``F.scaled_dot_product_attention``'s convention),
 broadcastable to ``(B, H, T, S)``: ``(T, S)`` causal, ``(B, 1, 1, S)`` padding (``key_mask``),
