@@ -4,6 +4,7 @@ and the mean, lowest and highest of several runs' curves where every run has dat
 """
 
 import bisect
+import functools
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -16,15 +17,24 @@ Points = Tuple[List[float], List[float]]  # (x of each evaluation, increasing; i
 Curves = Dict[str, Points]  # one run's validation BLEU against each of AXES
 
 
-def bleu_curve(run: Run) -> Optional[Tuple[List[int], List[float], List[float]]]:
-    """``(steps, minutes, valid BLEU)`` of every evaluation, from the run's TensorBoard events."""
+@functools.lru_cache(maxsize=None)
+def run_events(folder: Path):
+    """The scalars of the TensorBoard events in ``folder/tb``, read once a report (the curves and
+    the learning-rate tables both read them); None without events."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    tb = run.path / "tb"
-    if not tb.is_dir():
+    if not (folder / "tb").is_dir():
         return None
-    events = EventAccumulator(str(tb), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(folder / "tb"), size_guidance={"scalars": 0})
     events.Reload()
+    return events
+
+
+def bleu_curve(run: Run) -> Optional[Tuple[List[int], List[float], List[float]]]:
+    """``(steps, minutes, valid BLEU)`` of every evaluation, from the run's TensorBoard events."""
+    events = run_events(run.path)
+    if events is None:
+        return None
     tags = set(events.Tags().get("scalars", []))
     if "valid/bleu" not in tags:
         return None

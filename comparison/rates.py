@@ -14,6 +14,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 from common.collapse import COLLAPSE_NATS as COLLAPSED
 from common.files import AtomicFile
 from common.settings import flatten
+from comparison.curves import run_events
 from comparison.formats import format_score
 from comparison.runs import NOT_A_SETTING, Run
 
@@ -63,12 +64,9 @@ def rate_curves(runs: Sequence[Run]) -> Dict[str, Curve]:
 def cross_entropy(run: Run) -> Optional[Entropy]:
     """The cross-attention's entropy at the run's last evaluation (``Entropy``), None when its
     events hold none (a run from before the scalars)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    if not (run.path / "tb").is_dir():
+    events = run_events(run.path)
+    if events is None:
         return None
-    events = EventAccumulator(str(run.path / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
     tags = [t for t in events.Tags().get("scalars", []) if t.startswith("entropy/cross/")]
     last = {tag: max(events.Scalars(tag), key=lambda e: e.step).value for tag in tags}
     layers = [v for tag, v in last.items() if "/head" not in tag]

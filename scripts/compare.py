@@ -57,7 +57,7 @@ from pathlib import Path
 
 # None of these imports torch: this script stays quick to start.
 from common.files import AtomicFile
-from comparison.curves import run_curves
+from comparison.curves import run_curves, run_events
 from comparison.figure import plot
 from comparison.rates import cross_entropy, plot_rates, rate_curves
 from comparison.report import report
@@ -114,6 +114,7 @@ def out_folder(args: argparse.Namespace) -> Path:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        run_events.cache_clear()  # events read afresh for each report (runs may have gone on)
         runs = collect_runs(args.paths)
         curves = {run.path: run_curves(run) for run in runs}
         out = out_folder(args)
