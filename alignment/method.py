@@ -11,7 +11,7 @@ No torch here: ``translate.py`` checks its ``--align-*`` flags before the heavy 
 """
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 READINGS = ("predict", "read")
 
@@ -87,3 +87,12 @@ def every_method(n_layers: int, n_heads: int) -> List[Method]:
 # family's default recipe (Multi30k de->en, docs/alignment.md), which is the same for both: the mean
 # of every cross-attention map at the predicting step (the RNN has one map).
 DEFAULT_METHOD = Method(reading="predict")
+
+
+def supervised_method(model_cfg: Any) -> Method:
+    """The heads guided alignment trains in a model of ``model_cfg`` (``model.alignment_layer``, the
+    first ``model.alignment_heads`` heads), read at the predicting step, where the loss reads them."""
+    from models.config import alignment_layer
+
+    heads = tuple(range(1, model_cfg.alignment_heads + 1))
+    return Method(alignment_layer(model_cfg), heads, "predict")

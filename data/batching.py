@@ -84,6 +84,32 @@ class TokenArrays:
         return torch.from_numpy(out)
 
 
+@dataclass
+class PieceLinks:
+    """Each training pair's links between pieces: link ``k`` of pair ``i`` joins source piece
+    ``src[i][k]`` and target piece ``tgt[i][k]`` (positions without BOS/EOS, from 0)."""
+
+    src: TokenArrays
+    tgt: TokenArrays
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def distributions(self, rows: np.ndarray, n_src: int, n_tgt: int) -> Tensor:
+        """``(B, T, S)`` float32 for pairs ``rows``: each target piece's links spread evenly over the
+        source pieces they name; zeros where a piece has none (and at padding, BOS and EOS)."""
+        rows = np.asarray(rows, dtype=np.int64)  # (B,)
+        counts = self.src.lengths[rows]  # (B,) links of each pair
+        starts = self.src.offsets[rows]  # (B,)
+        pair = np.repeat(np.arange(len(rows)), counts)  # (K,) each link's row in the batch
+        first = np.repeat(starts - np.concatenate([[0], np.cumsum(counts)[:-1]]), counts)  # (K,)
+        positions = first + np.arange(int(counts.sum()))  # (K,) where each link lies in the arrays
+        out = np.zeros((len(rows), n_tgt, n_src), dtype=np.float32)  # (B, T, S)
+        out[pair, self.tgt.ids[positions], self.src.ids[positions]] = 1.0
+        totals = out.sum(axis=2, keepdims=True)  # (B, T, 1)
+        return torch.from_numpy(out / np.maximum(totals, 1.0))  # (B, T, S)
+
+
 Sequences = Union[TokenArrays, Sequence[Sequence[int]]]
 SEED_MASK = (1 << 64) - 1
 
@@ -96,9 +122,10 @@ class ParallelDataset(Dataset):
     """Aligned source and target id sequences (without BOS/EOS) of one split, as ``TokenArrays``
     (lists of id lists are converted)."""
 
-    def __init__(self, src: Sequences, tgt: Sequences):
+    def __init__(self, src: Sequences, tgt: Sequences, links: Optional[PieceLinks] = None):
         self.src, self.tgt = token_arrays(src), token_arrays(tgt)
         assert len(self.src) == len(self.tgt), "source and target must be aligned"
+        self.links = links  # guided alignment's reference links of every pair (data/alignments.py), or None
 
     def __len__(self) -> int:
         return len(self.src)
@@ -116,7 +143,7 @@ class ParallelDataset(Dataset):
 
     def batch(self, indices: Sequence[int]) -> "Batch":
         """The pairs ``indices`` as a padded ``Batch``."""
-        return make_batch(self.src, self.tgt, np.asarray(indices, dtype=np.int64))
+        return make_batch(self.src, self.tgt, np.asarray(indices, dtype=np.int64), links=self.links)
 
 
 @dataclass
@@ -127,6 +154,9 @@ class Batch:
     tgt_out: Tensor  # (B, T) target ids + EOS
     tgt_lengths: Tensor  # (B,)
     indices: Tensor  # (B,) each pair's position in its split: restores the input order
+    # (B, T, S) guided alignment's reference: each target piece's links spread over the source pieces
+    # (data/alignments.py); None without
+    links: Optional[Tensor] = None
 
     def to(self, device: torch.device) -> "Batch":
         """The batch on ``device``. A copy to CUDA goes through pinned memory, so that it does not
@@ -135,7 +165,9 @@ class Batch:
         pin = device.type == "cuda"
         return Batch(
             *(
-                (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=True)
+                None
+                if t is None
+                else (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=True)
                 for t in (getattr(self, name) for name in self.__dataclass_fields__)
             )
         )
@@ -163,18 +195,25 @@ def pad(sequences: Sequence[Sequence[int]], pad_id: int = PAD_ID) -> Tensor:
 
 
 def make_batch(
-    src: TokenArrays, tgt: TokenArrays, rows: np.ndarray, indices: Optional[np.ndarray] = None
+    src: TokenArrays,
+    tgt: TokenArrays,
+    rows: np.ndarray,
+    indices: Optional[np.ndarray] = None,
+    links: Optional[PieceLinks] = None,
 ) -> Batch:
     """Rows ``rows`` of aligned ``src`` and ``tgt`` -> a padded ``Batch`` (EOS, BOS added here);
-    ``indices`` are the pairs' positions in their split (default: ``rows``)."""
+    ``indices`` are the pairs' positions in their split (default: ``rows``); ``links`` their reference
+    alignments (guided alignment)."""
     src_lengths = src.lengths[rows] + 1  # (B,)
+    padded_src, tgt_out = src.padded(rows, eos=True), tgt.padded(rows, eos=True)  # (B, S), (B, T)
     return Batch(
-        src=src.padded(rows, eos=True),  # (B, S)
+        src=padded_src,  # (B, S)
         src_lengths=torch.from_numpy(src_lengths),  # (B,)
         tgt_in=tgt.padded(rows, bos=True),  # (B, T)
-        tgt_out=tgt.padded(rows, eos=True),  # (B, T)
+        tgt_out=tgt_out,  # (B, T)
         tgt_lengths=torch.from_numpy(tgt.lengths[rows] + 1),  # (B,)
         indices=torch.from_numpy(np.asarray(rows if indices is None else indices, dtype=np.int64)),  # (B,)
+        links=None if links is None else links.distributions(rows, padded_src.size(1), tgt_out.size(1)),
     )
 
 

@@ -8,7 +8,7 @@ when the config is built (``check_values``), in one line naming the key: before 
 """
 
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 SIZES = (  # the keys that count something: at least 1
     "embed_dim",
@@ -46,6 +46,9 @@ def value_problem(cfg: Any) -> Tuple[str, str]:
             "qk_norm",
             "normalises the queries and keys of a dot product; additive attention has none: leave it false",
         )
+    problem = alignment_problem(cfg)
+    if problem:
+        return problem
     for key in RATES:
         if key in values and not 0.0 <= values[key] < 1.0:
             return key, f"must be in [0, 1), got {values[key]}"
@@ -59,6 +62,40 @@ def value_problem(cfg: Any) -> Tuple[str, str]:
             f"({values['d_model']}) must be divisible by model.n_heads ({values['n_heads']}): each head "
             "takes d_model / n_heads dimensions"
         )
+    return "", ""
+
+
+def attention_layers(cfg: Any) -> int:
+    """The model's cross-attention layers: the Transformer's decoder layers; the RNN's one attention."""
+    return cfg.decoder_layers if cfg.name == "transformer" else 1
+
+
+def heads_per_layer(cfg: Any) -> int:
+    """The heads of each cross-attention layer."""
+    if cfg.name == "transformer":
+        return cfg.n_heads
+    return cfg.attention_heads if cfg.attention == "multihead" else 1
+
+
+def alignment_layer(cfg: Any) -> int:
+    """The (1-based) cross-attention layer that guided alignment trains: ``model.alignment_layer``, or by
+    default the second-to-last (the only one of a one-layer decoder)."""
+    if cfg.alignment_layer is not None:
+        return cfg.alignment_layer
+    return max(1, attention_layers(cfg) - 1)
+
+
+def alignment_problem(cfg: Any) -> Tuple[str, str]:
+    """``model.alignment_layer`` or ``model.alignment_heads`` out of the model's range, as (key, what is
+    wrong); ("", "") if neither."""
+    layers, heads = attention_layers(cfg), heads_per_layer(cfg)
+    if cfg.alignment_layer is not None and not 1 <= cfg.alignment_layer <= layers:
+        return "alignment_layer", (
+            f"must be a cross-attention layer from 1 to {layers} (or null: the second-to-last), "
+            f"got {cfg.alignment_layer}"
+        )
+    if not 1 <= cfg.alignment_heads <= heads:
+        return "alignment_heads", f"must be from 1 to the layer's {heads} head(s), got {cfg.alignment_heads}"
     return "", ""
 
 
@@ -85,6 +122,10 @@ class RNNConfig:
     attention_size: int = 256  # d_a of additive, d_k of scaled_dot, heads x d_k of multihead
     attention_heads: int = 4  # heads of multihead attention (the other choices have one)
     qk_norm: bool = False  # general, scaled_dot, multihead: unit queries and keys, a learned scale
+    # Guided alignment (trainer.guided_alignment) trains the mean of the first alignment_heads heads
+    # of the attention (one but for multihead); alignment_layer: 1 or null (the RNN has one).
+    alignment_layer: Optional[int] = None
+    alignment_heads: int = 1
     dropout: float = 0.2  # on embeddings, between layers and on the pre-output layer
     tie_output: bool = True  # output projection shares the target embedding
     share_embeddings: bool = True  # one embedding for source and target (joint vocabulary only)
@@ -109,6 +150,11 @@ class TransformerConfig:
     # additive (multi-head additive); each one's formula is in its class, models/attention.py.
     attention: str = "scaled_dot"
     qk_norm: bool = False  # scaled_dot: unit queries and keys per head, a learned scale (Henry et al. 2020)
+    # Guided alignment (trainer.guided_alignment) trains the mean of the first alignment_heads heads of
+    # the cross-attention of decoder layer alignment_layer (1-based; null: the second-to-last, as
+    # fairseq's transformer_align; docs/alignment.md).
+    alignment_layer: Optional[int] = None
+    alignment_heads: int = 1
     norm: str = "pre"  # pre (LayerNorm before each sub-layer, a final LayerNorm) or post
     positions: str = "sinusoidal"  # sinusoidal or learned
     max_positions: int = 1024  # longest sequence learned positions cover

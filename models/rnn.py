@@ -216,14 +216,20 @@ class RNNModel(nn.Module):
         return self.decoder.logits(top, context, embedded), state  # (B, V)
 
     def forward(
-        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False
+        self,
+        src: Tensor,
+        src_mask: Tensor,
+        tgt_in: Tensor,
+        need_weights: bool = False,
+        alignment: bool = False,
     ) -> Tuple[Tensor, Attention]:
         """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
         logits ``(B, T, V)`` and the attention.
 
         With ``need_weights`` the attention (``models/seq2seq.py``) holds the decoder's attention as
         one layer, ``cross`` ``[(B, H, T, S)]`` (one head but for ``multihead``), and no
-        self-attention; else ``{}``.
+        self-attention; else ``{}``. With ``alignment`` it also holds ``alignment``: the heads that
+        guided alignment trains, the first ``model.alignment_heads`` (``models/seq2seq.py``).
         """
         encoded = self.encode(src, src_mask, need_weights)
         state = self.start_state(encoded)
@@ -235,7 +241,10 @@ class RNNModel(nn.Module):
             contexts.append(context)
             weights.append(step_weights)
         logits = self.decoder.logits(torch.stack(tops, 1), torch.stack(contexts, 1), embedded)  # (B, T, V)
-        if not need_weights:
+        if not (need_weights or alignment):
             return logits, {}
         cross = torch.stack(weights, 2)  # (B, H, T, S) one layer
-        return logits, {"cross": [cross], "decoder_self": [], **encoded.attention}
+        found = {"cross": [cross], "decoder_self": [], **encoded.attention} if need_weights else {}
+        if alignment:
+            found["alignment"] = [cross[:, : self.cfg.alignment_heads]]  # (B, H_a, T, S)
+        return logits, found

@@ -21,6 +21,10 @@ The RNN's attention is one cross layer, ``[(B, H, T, S)]`` (one head but for ``m
 has no self-attention (empty lists). ``encode(..., need_weights=True)`` puts ``encoder_self`` in
 ``Encoded.attention``. Every row sums to 1 over the keys it may see and is 0 at the others.
 
+``forward(..., alignment=True)`` adds ``"alignment": [(B, H_a, T, S)]``: the cross-attention heads
+that guided alignment trains (``model.alignment_layer``, its first ``model.alignment_heads``
+heads; ``training/guided.py``), computed even when the other weights are not.
+
 ``attention_modules()`` gives the attention functions behind those maps, in the same dict of
 lists (``models/attention.py``'s ``masked_heads`` masks their heads).
 

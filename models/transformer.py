@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention, causal_mask, combine_masks, key_mask
-from models.config import TransformerConfig
+from models.config import TransformerConfig, alignment_layer
 from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding
 from models.seq2seq import Attention, Encoded
 
@@ -121,6 +121,7 @@ class DecoderLayer(nn.Module):
         cross_mask: Tensor,
         need_weights: bool = False,
         causal: bool = False,
+        cross_weights: bool = False,
     ) -> Tuple[Tensor, LayerCache, Tuple[Optional[Tensor], Optional[Tensor]]]:
         """Decode ``T`` new positions ``x`` ``(B, T, D)`` after the ``t`` positions in ``cache``.
 
@@ -129,7 +130,8 @@ class DecoderLayer(nn.Module):
         ``causal`` hides later positions without a mask tensor (for the fused kernel's
         ``is_causal``); it needs an empty cache, ``t = 0`` (ValueError otherwise).
         Returns ``(B, T, D)``, the extended cache, and the self ``(B, H, T, t + T)`` and cross
-        ``(B, H, T, S)`` weights (None unless ``need_weights``).
+        ``(B, H, T, S)`` weights (None unless ``need_weights``; the cross weights also with
+        ``cross_weights``).
         """
         h = self.self_residual.inputs(x)  # (B, T, D)
         new_k, new_v = self.self_attn.project_kv(h, h)  # (B, H, T, d_k) x 2
@@ -141,7 +143,7 @@ class DecoderLayer(nn.Module):
         x = self.self_residual.add(x, attended)  # (B, T, D)
         h = self.cross_residual.inputs(x)  # (B, T, D)
         attended, cross_weights = self.cross_attn.attend(
-            h, cache["cross_k"], cache["cross_v"], cross_mask, need_weights
+            h, cache["cross_k"], cache["cross_v"], cross_mask, need_weights or cross_weights
         )  # (B, T, D), (B, H, T, S) or None
         x = self.cross_residual.add(x, attended)  # (B, T, D)
         x = self.ff_residual.add(x, self.feed_forward(self.ff_residual.inputs(x)))  # (B, T, D)
@@ -208,11 +210,13 @@ class Transformer(nn.Module):
         self_mask: Optional[Tensor],
         need_weights: bool = False,
         causal: bool = False,
+        cross_layer: Optional[int] = None,
     ) -> Tuple[Tensor, Dict[str, object], Dict[str, List[Optional[Tensor]]]]:
         """Run the decoder over ``T`` new target tokens ``(B, T)`` after the ``t`` in ``state``.
 
         ``self_mask`` as in ``DecoderLayer.forward``; ``causal=True`` with ``self_mask=None`` is
         "earlier positions only, no mask tensor" and needs an empty cache (``t = 0``).
+        ``cross_layer`` (0-based): that layer's cross weights are computed even without ``need_weights``.
 
         Returns logits ``(B, T, V)``, the extended state, and per-layer weights
         ``{"cross": [(B, H, T, S)], "decoder_self": [(B, H, T, t + T)]}`` (None entries unless asked).
@@ -221,9 +225,9 @@ class Transformer(nn.Module):
         x = self.dropout(self.positions(self.tgt_embed(tokens), offset))  # (B, T, D)
         cross_mask = key_mask(state["src_mask"])  # (B, 1, 1, S)
         caches, self_weights, cross_weights = [], [], []
-        for layer, cache in zip(self.decoder_layers, state["layers"]):
+        for number, (layer, cache) in enumerate(zip(self.decoder_layers, state["layers"])):
             x, cache, (self_w, cross_w) = layer(
-                x, cache, self_mask, cross_mask, need_weights, causal
+                x, cache, self_mask, cross_mask, need_weights, causal, number == cross_layer
             )  # (B, T, D), weights (B, H, T, t + T) and (B, H, T, S) or None
             caches.append(cache)
             self_weights.append(self_w)
@@ -233,7 +237,12 @@ class Transformer(nn.Module):
         return logits, state, {"cross": cross_weights, "decoder_self": self_weights}
 
     def forward(
-        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, need_weights: bool = False
+        self,
+        src: Tensor,
+        src_mask: Tensor,
+        tgt_in: Tensor,
+        need_weights: bool = False,
+        alignment: bool = False,
     ) -> Tuple[Tensor, Attention]:
         """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
         logits ``(B, T, V)`` and the attention.
@@ -247,14 +256,24 @@ class Transformer(nn.Module):
         (``training/step.py``: target padding is at the same positions). With ``need_weights`` the
         attention (``models/seq2seq.py``) holds ``cross`` ``[(B, H, T, S)]`` and
         ``decoder_self`` ``[(B, H, T, T)]`` per decoder layer, ``encoder_self`` ``[(B, H, S, S)]`` per
-        encoder layer; else ``{}``.
+        encoder layer; else ``{}``. With ``alignment`` it also holds ``alignment``: the heads that
+        guided alignment trains (``models/seq2seq.py``).
         """
         encoded = self.encode(src, src_mask, need_weights)
         self_mask = target_self_mask(tgt_in, self.pad_id) if need_weights else None  # (B, 1, T, T)
+        layer = alignment_layer(self.cfg) - 1
         logits, _, attention = self.decode(
-            tgt_in, self.start_state(encoded), self_mask, need_weights, causal=not need_weights
+            tgt_in,
+            self.start_state(encoded),
+            self_mask,
+            need_weights,
+            not need_weights,
+            layer if alignment else None,
         )  # (B, T, V)
-        return logits, ({**attention, **encoded.attention} if need_weights else {})
+        found = {**attention, **encoded.attention} if need_weights else {}
+        if alignment:
+            found["alignment"] = [attention["cross"][layer][:, : self.cfg.alignment_heads]]  # (B, H_a, T, S)
+        return logits, found
 
     def decode_step(self, tokens: Tensor, state: Dict[str, object]) -> Tuple[Tensor, Dict[str, object]]:
         """One step: ``tokens`` ``(B,)`` -> logits ``(B, V)`` and the new state."""

@@ -52,6 +52,10 @@ class TrainerConfig:
     # max_epochs; set it when trainer.max_minutes alone limits the run).
     schedule_steps: Optional[int] = None
     label_smoothing: float = 0.2  # ahead of 0.1 after every epoch of the proxy
+    # Guided alignment (training/guided.py): the weight of the loss that trains the cross-attention
+    # heads model.alignment_layer / model.alignment_heads name to follow data.alignments's links
+    # (0: off). fairseq's --alignment-lambda is 0.05.
+    guided_alignment: float = 0.0
     clip_grad_norm: Optional[float] = 1.0  # null: no clipping (the norm is still logged)
     eval_every: Optional[int] = None  # validate every N steps (null: at the end of every epoch)
     patience: Optional[int] = 5  # early stopping: evaluations without a better valid BLEU (null: off)
@@ -116,7 +120,13 @@ def register_configs() -> None:
 def checked_config(cfg: DictConfig) -> Tuple[DataConfig, Any, "TrainerConfig"]:
     """The ``data``, ``model`` and ``trainer`` nodes as their dataclasses, every value checked: the
     whole config is refused (one line naming the key) before any data is read or prepared."""
-    return data_config(cfg.data), model_config(cfg.model), trainer_config(cfg.trainer)
+    data, model, trainer = data_config(cfg.data), model_config(cfg.model), trainer_config(cfg.trainer)
+    if trainer.guided_alignment > 0 and data.alignments is None:
+        raise ValueError(
+            f"trainer.guided_alignment={trainer.guided_alignment} needs reference links: set data.alignments "
+            "(a Pharaoh file of the training pairs, or fast_align)"
+        )
+    return data, model, trainer
 
 
 def model_config(node: DictConfig):
@@ -183,6 +193,8 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         raise ValueError(f"trainer.ema_decay must be in (0, 1) or null, got {tc.ema_decay}")
     if tc.max_minutes is not None and tc.max_minutes <= 0:
         raise ValueError(f"trainer.max_minutes must be positive, got {tc.max_minutes}")
+    if tc.guided_alignment < 0:
+        raise ValueError(f"trainer.guided_alignment must be at least 0 (0: off), got {tc.guided_alignment}")
     if not 0.0 <= tc.label_smoothing < 1.0:
         raise ValueError(f"trainer.label_smoothing must be in [0, 1), got {tc.label_smoothing}")
     for key in ("attention_samples", "loader_workers"):

@@ -1,6 +1,7 @@
 """Where training stands (``Progress``, saved in every checkpoint) and the log line of its steps."""
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -60,13 +61,15 @@ class Progress:
 
 @dataclass
 class StepStats:
-    """One optimizer step: loss per target token, rate, gradient norm, tokens, whether it was skipped."""
+    """One optimizer step: loss per target token, rate, gradient norm, tokens, whether it was skipped,
+    and guided alignment's loss per linked target piece (NaN when off)."""
 
     loss: float
     lr: float
     grad_norm: float
     tokens: int
     skipped: bool
+    alignment: float = float("nan")
 
 
 @dataclass
@@ -78,19 +81,27 @@ class LogWindow:
     tokens: int = 0
     seconds: float = 0.0
     last: Optional[StepStats] = None
+    alignment: float = 0.0  # guided alignment's loss, summed over the steps that had linked pieces
+    aligned: int = 0  # those steps
 
     def add(self, stats: StepStats, seconds: float) -> None:
         self.loss, self.count, self.last = self.loss + stats.loss, self.count + 1, stats
         self.tokens, self.seconds = self.tokens + stats.tokens, self.seconds + seconds
+        if math.isfinite(stats.alignment):
+            self.alignment, self.aligned = self.alignment + stats.alignment, self.aligned + 1
 
     def scalars(self) -> Dict[str, float]:
-        """The ``train/*`` scalars of the window (one point at its last step)."""
-        return {
+        """The ``train/*`` scalars of the window (one point at its last step); ``train/alignment_loss``
+        with guided alignment."""
+        scalars = {
             "train/loss": self.loss / max(self.count, 1),
             "train/lr": self.last.lr,
             "train/grad_norm": self.last.grad_norm,
             "train/tokens_per_second": self.tokens / max(self.seconds, 1e-9),
         }
+        if self.aligned:
+            scalars["train/alignment_loss"] = self.alignment / self.aligned
+        return scalars
 
 
 def eta(p: Progress, total_steps: Optional[int]) -> str:
@@ -104,12 +115,14 @@ def eta(p: Progress, total_steps: Optional[int]) -> str:
 def log_window(p: Progress, window: LogWindow, total_steps: Optional[int]) -> Dict[str, float]:
     """Log the line of the steps in ``window``; return its scalars for TensorBoard."""
     scalars = window.scalars()
+    guided = f" | align {scalars['train/alignment_loss']:.3f}" if "train/alignment_loss" in scalars else ""
     log.info(
-        "epoch %d step %d%s | loss %.3f | lr %.2e | grad %.2f | %.0f tgt tok/s%s",
+        "epoch %d step %d%s | loss %.3f%s | lr %.2e | grad %.2f | %.0f tgt tok/s%s",
         p.epoch + 1,
         p.step,
         f"/{total_steps}" if total_steps else "",
         scalars["train/loss"],
+        guided,
         scalars["train/lr"],
         scalars["train/grad_norm"],
         scalars["train/tokens_per_second"],

@@ -76,7 +76,7 @@ def make_setup(
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     with distributed.main_first(world):  # rank 0 trains and caches the tokenizer; the others then read it
-        data = prepare_data(data_cfg)
+        data = prepare_data(data_cfg, alignments=tc.guided_alignment > 0)
     model = model_for(model_cfg, data.tokenizer).to(device)
     optimizer = make_optimizer(model, tc)
     # one precision for training, validation and the test decoding (translate.py takes the same);

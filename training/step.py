@@ -3,7 +3,8 @@ accumulation), backward, gradient clipping, the learning rate of the step, the u
 whose loss or gradient norm is not finite changes nothing: no update, no step counted.
 
 The loss is label-smoothed cross-entropy over target tokens, padding ignored (Szegedy et al. 2016);
-validation takes its plain NLL from the same function."""
+validation takes its plain NLL from the same function. With ``trainer.guided_alignment`` the
+guided alignment loss (``training/guided.py``) is added, weighted."""
 
 import logging
 import math
@@ -18,6 +19,7 @@ from data.specials import PAD_ID
 from training import distributed
 from training.config import TrainerConfig
 from training.distributed import World
+from training.guided import guided_alignment_loss
 from training.progress import Progress, StepStats
 from training.setup import Setup
 
@@ -56,35 +58,45 @@ def accumulate_gradients(
     world: World,
     device: torch.device,
     autocast: Callable[[], ContextManager],
-) -> Tuple[Tensor, Union[int, Tensor]]:
+) -> Tuple[Tensor, Union[int, Tensor], Tensor]:
     """Backward of the loss of every batch, normalised per target token of the whole step; the
-    summed loss (a device scalar) and the target tokens, every rank's together (an int, or under
-    DDP a device scalar). ``forward`` runs the model (itself, its DDP wrapper or its compiled form;
-    ``training/efficiency.py`` counts the FLOPs of a bare model with it). Nothing here waits for
-    the device."""
+    summed loss (a device scalar), the target tokens, every rank's together (an int, or under
+    DDP a device scalar), and guided alignment's summed loss and linked pieces (``(2,)`` on the
+    device; zeros when ``trainer.guided_alignment`` is 0). ``forward`` runs the model (itself, its
+    DDP wrapper or its compiled form; ``training/efficiency.py`` counts the FLOPs of a bare model
+    with it). Nothing here waits for the device."""
     # Every rank's target tokens together: DDP averages the ranks' gradients, hence the factor world_size.
     n_tokens = distributed.total_on_device(sum(b.n_tgt_tokens for b in batches), device)
     total = torch.zeros((), dtype=torch.float64, device=device)
+    aligned = torch.zeros(2, dtype=torch.float64, device=device)  # guided loss sum, linked pieces
+    guided = tc.guided_alignment > 0
     for k, batch in enumerate(batches):
         batch = batch.to(device)
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
             with autocast():
-                logits, _ = forward(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+                logits, attention = forward(batch.src, batch.src_mask, batch.tgt_in, alignment=guided)
             loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, tc.label_smoothing)
-            (loss / n_tokens * world.world_size).backward()
+            objective = loss
+            if guided:
+                align_loss, linked = guided_alignment_loss(attention["alignment"][0], batch.links)
+                objective = loss + tc.guided_alignment * align_loss
+                aligned += torch.stack([align_loss.detach().double(), linked.double()])
+            (objective / n_tokens * world.world_size).backward()
         total += loss.detach()
     # every rank sees the same loss: the same skip decisions
-    return distributed.total_on_device(total, device), n_tokens
+    return distributed.total_on_device(total, device), n_tokens, distributed.total_on_device(aligned, device)
 
 
 def step_numbers(
-    loss_sum: Tensor, grad_norm: Tensor, n_tokens: Union[int, Tensor]
-) -> Tuple[float, float, int]:
-    """The summed loss, the gradient norm and the tokens of a step on the host: the one wait for
-    the device in a step, needed to skip a non-finite update."""
+    loss_sum: Tensor, grad_norm: Tensor, n_tokens: Union[int, Tensor], aligned: Tensor
+) -> Tuple[float, float, int, float]:
+    """The summed loss, the gradient norm, the tokens of a step and guided alignment's loss per linked
+    piece (NaN without any) on the host: the one wait for the device in a step, needed to skip a
+    non-finite update."""
     tokens = n_tokens if isinstance(n_tokens, Tensor) else loss_sum.new_full((), n_tokens)
-    loss, norm, count = torch.stack([loss_sum, grad_norm.double(), tokens.double()]).tolist()
-    return loss, norm, int(count)
+    numbers = torch.cat([torch.stack([loss_sum, grad_norm.double(), tokens.double()]), aligned.double()])
+    loss, norm, count, align_sum, linked = numbers.tolist()
+    return loss, norm, int(count), align_sum / linked if linked else float("nan")
 
 
 def optimizer_step(setup: Setup, batches: List[Batch], lr: float) -> StepStats:
@@ -92,13 +104,13 @@ def optimizer_step(setup: Setup, batches: List[Batch], lr: float) -> StepStats:
     dropped) when the loss or the gradient norm is not finite."""
     model, tc, optimizer = setup.model, setup.tc, setup.optimizer
     model.train()
-    loss_sum, n_tokens = accumulate_gradients(
+    loss_sum, n_tokens, aligned = accumulate_gradients(
         setup.forward, batches, tc, setup.world, setup.device, setup.autocast
     )
     clip = tc.clip_grad_norm if tc.clip_grad_norm is not None else float("inf")
     norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
-    loss_sum, grad_norm, tokens = step_numbers(loss_sum, norm, n_tokens)
-    stats = StepStats(loss_sum / tokens, float("nan"), grad_norm, tokens, skipped=False)
+    loss_sum, grad_norm, tokens, alignment = step_numbers(loss_sum, norm, n_tokens, aligned)
+    stats = StepStats(loss_sum / tokens, float("nan"), grad_norm, tokens, skipped=False, alignment=alignment)
     if not (math.isfinite(stats.loss) and math.isfinite(stats.grad_norm)):
         # no update: weights, optimizer state and step stay as they were
         optimizer.zero_grad(set_to_none=True)
