@@ -5,7 +5,8 @@ go to standard output or ``--output FILE``, one a line in the input order. On a 
 sentences given, it prompts and translates line by line. ``--beam``/``--alpha`` choose the search,
 ``--nbest N`` prints ``index ||| hypothesis ||| score`` lines, ``--alignments`` appends Pharaoh word
 alignments from the cross-attention (``--align-layer/--align-heads/--align-reading`` choose the maps;
-``--plot DIR`` draws them), several ``--checkpoint`` decode as an ensemble, and ``--engine
+``--plot DIR`` draws them; ``--tags`` carries inline markup into the translation by them), several
+``--checkpoint`` decode as an ensemble, and ``--engine
 ctranslate2`` decodes an export folder; ``python translate.py --help`` and docs/translation.md say
 more. Bad input prints one ``error:`` line and exits with 1 (2 for a bad command line); torch and
 the models load only once the command line has been checked.
@@ -102,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--max-len-extra", type=int, default=MAX_LEN_EXTRA, help="... plus this many tokens")
     add("--alignments", action="store_true", help="append a tab and Pharaoh word alignments i-j")
+    add(
+        "--tags",
+        action="store_true",
+        help="the input holds inline tags (<b>...</b>, <a href=...>...</a>, <br/>): translate the text and put "
+        "each tag around the output words aligned to the words it enclosed",
+    )
     add("--plot", metavar="DIR", help="write one attention heatmap PNG per sentence into DIR")
     add("--align-layer", metavar="N|all", help="alignments from this decoder layer (all: their mean)")
     add("--align-heads", metavar="N[,N]|all", help="... from these heads (all: their mean)")
@@ -146,14 +153,10 @@ def check_args(args: argparse.Namespace) -> Dict[str, Any]:
             )
         except ValueError as error:
             raise UsageError(str(error)) from None
-    if method is not None and not (args.alignments or args.plot):
+    if method is not None and not (args.alignments or args.plot or args.tags):
         raise UsageError(
-            "--align-layer/--align-heads/--align-reading choose the maps of --alignments or --plot: give one"
-        )
-    if args.engine == "ctranslate2" and method is not None:
-        raise UsageError(
-            "--align-layer/--align-heads/--align-reading choose among our engine's maps: use --engine torch "
-            "(a CTranslate2 export gives its alignment layer only)"
+            "--align-layer/--align-heads/--align-reading choose the maps of --alignments, --plot or --tags: "
+            "give one"
         )
     if args.input and not Path(args.input).is_file():
         raise UsageError(f"input file {args.input} does not exist")
@@ -162,7 +165,8 @@ def check_args(args: argparse.Namespace) -> Dict[str, Any]:
         alpha=args.alpha,
         nbest=args.nbest or 1,
         batch_size=args.batch_size,
-        alignments=bool(args.alignments or args.plot),  # plots need the word attention too
+        alignments=bool(args.alignments or args.plot or args.tags),  # plots and tags need the alignment too
+        tags=args.tags,
         align_method=method,
         max_len_ratio=args.max_len_ratio,
         max_len_extra=args.max_len_extra,

@@ -96,3 +96,9 @@ def supervised_method(model_cfg: Any) -> Method:
 
     heads = tuple(range(1, model_cfg.alignment_heads + 1))
     return Method(alignment_layer(model_cfg), heads, "predict")
+
+
+def default_method(model_cfg: Any, guided: bool) -> Method:
+    """How a model aligns when no method is chosen: by its supervised heads when it was trained with
+    guided alignment (``guided``), else by ``DEFAULT_METHOD``."""
+    return supervised_method(model_cfg) if guided else DEFAULT_METHOD

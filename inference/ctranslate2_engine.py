@@ -24,9 +24,10 @@ engine's, returned while it decodes: ``align``). Kept as in our own search:
 - scores: the sum of token log-probabilities (EOS included), divided by the penalty for beams.
   With ``<pad>`` and ``<s>`` suppressed the engine renormalises the other tokens' probabilities,
   so its scores can be slightly higher than ours (by the little mass a trained model gives them);
-- alignments: the last decoder layer's cross-attention averaged over the heads at the predicting
-  step (set in the spec; no other method: ``--align-*`` is refused); the first row of beam
-  hypotheses is mended (``CTranslate2Engine.mend_first_attention``).
+- alignments: the export's alignment layer and heads at the predicting step (set in the spec and
+  in ``export.json``: a checkpoint trained with guided alignment keeps its supervised heads, another
+  one aligns by its last layer's mean of heads; ``--align-*`` naming another method is refused); the
+  first row of beam hypotheses is mended (``CTranslate2Engine.mend_first_attention``).
 """
 
 import ctypes
@@ -40,7 +41,7 @@ from torch import Tensor
 
 from alignment.method import Method
 from data.tokenizer import Tokenizer
-from inference.ctranslate2_export import ExportError, read_export, spm_files
+from inference.ctranslate2_export import ExportError, info_method, read_export, spm_files
 from inference.translator import Translator
 from models.search import Hypothesis, length_penalty
 from models.search_options import SearchOptions
@@ -128,6 +129,7 @@ class CTranslate2Engine:
         device: str = "auto",
         threads: int = 0,
         compute_type: str = "default",
+        method: Optional[Method] = None,
     ):
         kind, index = engine_device(device)
         self.device = kind
@@ -140,6 +142,7 @@ class CTranslate2Engine:
             remedy = "export the checkpoint again" + (" or use --device cpu" if kind == "cuda" else "")
             raise ExportError(f"CTranslate2 cannot load {folder} on {kind} ({first}): {remedy}") from None
         self.max_positions = max_positions
+        self.method = method or info_method(read_export(folder))  # the export's alignment layer and heads
         self.dtype = f"ctranslate2 {getattr(self.translator, 'compute_type', compute_type)}"
         self.src_pieces = tokenizer.src_pieces(range(tokenizer.src_vocab_size))  # id -> piece
         self.tgt_ids = {
@@ -183,12 +186,12 @@ class CTranslate2Engine:
         return sorted(found, key=lambda hyp: hyp.score, reverse=True)
 
     def check_method(self, method: Optional[Method]) -> None:
-        """The export gives one attention (its alignment layer, set in the spec): a chosen method is a
-        one-line ``ValueError``."""
-        if method is not None:
+        """The export gives one attention (its alignment layer and heads, set in the spec): another
+        chosen method is a one-line ``ValueError``."""
+        if method is not None and method != self.method:
             raise ValueError(
                 f"alignments by {method.label}: the CTranslate2 engine gives only the export's alignment "
-                "layer (the last, mean of heads, predict); choose the method with --engine torch"
+                f"({self.method.label}); choose the method with --engine torch"
             )
 
     def align(
@@ -244,5 +247,7 @@ def load_translator(
     folder = Path(folder)
     info = read_export(folder)
     tokenizer = export_tokenizer(folder, info)
-    engine = CTranslate2Engine(folder, tokenizer, int(info["max_positions"]), device, threads, compute_type)
+    engine = CTranslate2Engine(
+        folder, tokenizer, int(info["max_positions"]), device, threads, compute_type, info_method(info)
+    )
     return Translator(engine, tokenizer, float(info["length_penalty"]))

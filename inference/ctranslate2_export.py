@@ -4,7 +4,12 @@ The folder holds what the engine reads (``model.bin``, ``config.json``, the voca
 ``shared_vocabulary.json`` or ``source_``/``target_vocabulary.json``), the SentencePiece model(s)
 (``sentencepiece.model``, or ``source.model`` and ``target.model``) and ``export.json``: what was
 exported (checkpoint, step, model config, quantization) and what translating needs beside the
-engine (the default length penalty, the longest input, whether the vocabulary is joint, the languages).
+engine (the default length penalty, the longest input, whether the vocabulary is joint, the languages,
+the alignment layer and heads).
+
+The engine aligns by one layer's first heads (``export_method``): a checkpoint trained with guided
+alignment keeps its supervised layer and heads; another one aligns by its last layer's mean of heads
+(the mean over every layer that ``translate.py`` takes by default is not one the engine offers).
 
 The folder is written under a temporary name beside ``OUT_DIR`` and renamed into place when
 complete, so a failed export leaves nothing half-written, and an existing ``OUT_DIR`` is never
@@ -15,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from alignment.method import Method
 from common.files import AtomicFolder
 
 INFO_FILE = "export.json"
@@ -52,6 +58,25 @@ def export_problem(model_config: Dict[str, Any]) -> Optional[str]:
     return None
 
 
+def export_method(payload: Dict[str, Any]) -> Method:
+    """How an export of the checkpoint ``payload`` aligns: its supervised heads when it was trained with
+    guided alignment, else its last layer's mean of heads; at the predicting step."""
+    from inference.translator import checkpoint_method, trained_with_guidance
+
+    if trained_with_guidance(payload):
+        return checkpoint_method(payload)
+    return Method(layer=int(payload["model_config"]["decoder_layers"]), reading="predict")
+
+
+def info_method(info: Dict[str, Any]) -> Method:
+    """The alignment method ``export.json`` records (an export without one: the last layer's mean of
+    heads, predicting step)."""
+    found = info.get("alignment") or {}
+    layer = found.get("layer", int(info["model_config"]["decoder_layers"]))
+    heads = found.get("heads")
+    return Method(int(layer), None if heads is None else tuple(int(h) for h in heads), "predict")
+
+
 def spm_files(joint: bool) -> List[str]:
     """The SentencePiece model files of an export: one for a joint vocabulary, else source and target."""
     return [JOINT_SPM] if joint else [SOURCE_SPM, TARGET_SPM]
@@ -65,7 +90,9 @@ def check_target(out_dir: Path) -> None:
         raise ExportError(f"folder {out_dir.parent} does not exist: create it or give another OUT_DIR")
 
 
-def export_info(payload: Dict[str, Any], checkpoint: Path, quantization: str, joint: bool) -> Dict[str, Any]:
+def export_info(
+    payload: Dict[str, Any], checkpoint: Path, quantization: str, joint: bool, method: Method
+) -> Dict[str, Any]:
     """The contents of ``export.json``."""
     import ctranslate2
 
@@ -84,6 +111,7 @@ def export_info(payload: Dict[str, Any], checkpoint: Path, quantization: str, jo
         "length_penalty": default_alpha(payload),
         "joint_vocabulary": joint,
         "languages": {"src": data.get("src"), "tgt": data.get("tgt")},
+        "alignment": {"layer": method.layer, "heads": None if method.heads is None else list(method.heads)},
     }
 
 
@@ -119,15 +147,22 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, quantization: str = "int8
     positions = model.positions.learned if model.cfg.positions == "learned" else model.positions.table
     src_vocab = tokenizer.src_pieces(range(tokenizer.src_vocab_size))
     tgt_vocab = tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size))
+    method = export_method(payload)
+    heads = model.cfg.n_heads if method.heads is None else len(method.heads)  # the first heads, from 1
     spec = transformer_spec(
-        model.cfg, model.state_dict(), positions[: model.cfg.max_positions], src_vocab, tgt_vocab
+        model.cfg,
+        model.state_dict(),
+        positions[: model.cfg.max_positions],
+        src_vocab,
+        tgt_vocab,
+        (method.layer, heads),
     )
     try:
         spec.validate()
     except ValueError as error:  # a weight the spec does not take: a bug of the map, said in one line
         raise ExportError(f"{checkpoint}: CTranslate2 refuses the spec ({error})") from None
     spec.optimize(quantization=quantization)
-    info = export_info(payload, checkpoint, quantization, tokenizer.joint)
+    info = export_info(payload, checkpoint, quantization, tokenizer.joint, method)
     staging = AtomicFolder(out_dir)
     try:
         with staging as folder:  # replaces an empty out_dir only; one that filled meanwhile makes it fail

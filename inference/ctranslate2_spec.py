@@ -18,7 +18,7 @@ What the spec must be told explicitly, because its defaults differ from ours:
 Embeddings are scaled by ``sqrt(D)`` in both; a shared or tied embedding is written to each slot.
 """
 
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import ctranslate2
 import numpy as np
@@ -106,20 +106,23 @@ def transformer_spec(
     positions: Tensor,
     src_vocab: List[str],
     tgt_vocab: List[str],
+    alignment: Tuple[int, int],
 ) -> "ctranslate2.specs.TransformerSpec":
     """The spec of a Transformer with config ``cfg``, ``weights`` (its state dict), the position table
     ``positions`` ``(max_positions, D)`` it adds, and the pieces of its vocabularies in id order.
 
-    The engine's alignment is the last decoder layer's cross-attention averaged over all heads, at
-    the predicting step (our ``--align-layer N``, N the last layer, with ``--engine torch``).
+    ``alignment`` ``(layer, heads)``: the engine's alignment is decoder layer ``layer``'s (1-based)
+    cross-attention averaged over its first ``heads`` heads, at the predicting step
+    (``inference/ctranslate2_export.py``: ``export_method``).
     """
+    layer, heads = alignment
     spec = ctranslate2.specs.TransformerSpec.from_config(
         (cfg.encoder_layers, cfg.decoder_layers),
         cfg.n_heads,
         pre_norm=cfg.norm == "pre",
         activation=ctranslate2.specs.Activation.RELU,
-        alignment_layer=-1,
-        alignment_heads=cfg.n_heads,
+        alignment_layer=layer - 1 - cfg.decoder_layers,  # counted from the end: -1 is the last
+        alignment_heads=heads,
     )
     table = as_array(positions)  # (max_positions, D)
     set_encoder(spec.encoder, weights, table)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from alignment.forced import batched_cross_maps, method_map, word_links
-from alignment.method import DEFAULT_METHOD, Method
+from alignment.method import DEFAULT_METHOD, Method, default_method
 from alignment.scores import pharaoh
 from alignment.words import piece_words
 from common.checkpoint import CheckpointError, load_checkpoint
@@ -37,6 +37,7 @@ from common.device import decode_precision, pick_device, precision_name, use_pre
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
+from inference.markup import Markup, MarkupError, parse_markup, tagged_text
 from models.build import build_model
 from models.config import config_from_dict
 from models.ensemble import Ensemble
@@ -127,6 +128,19 @@ class Translation:
         return lines
 
 
+def with_tags(result: Translation, markup: Markup) -> Translation:
+    """``result`` (every hypothesis) with ``markup``'s tags carried into its text; untagged when its
+    source words are not the markup's words (the tokenizer split or dropped one)."""
+    if len(result.src_words) != len(markup.word_spans()):
+        return result
+
+    def tagged(t: Translation) -> Translation:
+        return replace(t, text=tagged_text(markup, t.text, t.alignment or []))
+
+    hypotheses = [tagged(t) for t in result.nbest]
+    return replace(hypotheses[0], nbest=hypotheses) if hypotheses else tagged(result)
+
+
 def is_blank(sentence: str) -> bool:
     """Nothing to translate: an empty line or white space only."""
     return not sentence.strip()
@@ -201,6 +215,24 @@ def check_same_vocabulary(
             )
 
 
+def trained_with_guidance(payload: Dict[str, Any]) -> bool:
+    """Whether a checkpoint's run trained with guided alignment (``trainer.guided_alignment`` > 0)."""
+    trainer = (payload.get("config") or {}).get("trainer") or {}
+    return float(trainer.get("guided_alignment") or 0.0) > 0
+
+
+def checkpoint_method(payload: Dict[str, Any]) -> Method:
+    """How a checkpoint's model aligns when no method is chosen (``alignment.method.default_method``)."""
+    return default_method(config_from_dict(dict(payload["model_config"])), trained_with_guidance(payload))
+
+
+def shared_method(payloads: Sequence[Dict[str, Any]]) -> Method:
+    """The default alignment method of checkpoints decoding together: their own when they share it,
+    else ``DEFAULT_METHOD``."""
+    methods = {checkpoint_method(payload) for payload in payloads}
+    return methods.pop() if len(methods) == 1 else DEFAULT_METHOD
+
+
 class TorchEngine:
     """Our own search (``models.search``) over a model on one device: the engine of a checkpoint.
 
@@ -209,10 +241,18 @@ class TorchEngine:
     of them), ``check_method(method)`` (a one-line ``ValueError`` for a method it cannot align by)
     and ``align(batch, found, method)`` (each hypothesis's ``(T, S)`` source attention).
 
-    ``amp`` and ``tf32``: the precision of ``common.device.use_precision``, as in training."""
+    ``amp`` and ``tf32``: the precision of ``common.device.use_precision``, as in training; ``method``:
+    how it aligns when no method is chosen (a model trained with guided alignment: its supervised heads)."""
 
-    def __init__(self, model: nn.Module, device: torch.device, amp: bool = False, tf32: bool = False):
-        self.model, self.device = model.eval(), device
+    def __init__(
+        self,
+        model: nn.Module,
+        device: torch.device,
+        amp: bool = False,
+        tf32: bool = False,
+        method: Method = DEFAULT_METHOD,
+    ):
+        self.model, self.device, self.method = model.eval(), device, method
         self.max_positions: Optional[int] = getattr(model, "max_positions", None)  # None: no limit
         self.autocast = use_precision(device, amp, tf32)
         self.dtype = precision_name(device, amp, tf32)
@@ -232,12 +272,12 @@ class TorchEngine:
         return list(self.model.members) if isinstance(self.model, Ensemble) else [self.model]
 
     def check_method(self, method: Optional[Method]) -> None:
-        """A one-line ``ValueError`` when a member has no such layer or head (None: ``DEFAULT_METHOD``)."""
+        """A one-line ``ValueError`` when a member has no such layer or head (None: the engine's method)."""
         members = self.members()
         for number, model in enumerate(members, start=1):
             cross = model.attention_modules()["cross"]
             try:
-                (method or DEFAULT_METHOD).check(len(cross), cross[0].n_heads)
+                (method or self.method).check(len(cross), cross[0].n_heads)
             except ValueError as error:
                 which = f"ensemble member {number} ({model.cfg.name}): " if len(members) > 1 else ""
                 raise ValueError(which + str(error)) from None
@@ -245,7 +285,7 @@ class TorchEngine:
     def align(
         self, batch: List[List[int]], found: List[List[Hypothesis]], method: Optional[Method]
     ) -> List[List[Tensor]]:
-        """Each hypothesis's ``(T, S)`` source attention by ``method`` (None: ``DEFAULT_METHOD``), per
+        """Each hypothesis's ``(T, S)`` source attention by ``method`` (None: the engine's method), per
         source of ``batch``: every hypothesis fed teacher-forced
         (``alignment.forced``), the members' maps averaged."""
         sources = [src for src, hyps in zip(batch, found) for _ in hyps]
@@ -254,7 +294,7 @@ class TorchEngine:
         for model in self.members():
             with self.autocast():
                 maps = batched_cross_maps(model, sources, tokens)  # (L, H, T + 1, S) each
-            chosen = method or DEFAULT_METHOD
+            chosen = method or self.method
             per_member.append([method_map(m, chosen) for m in maps])  # (T, S) each
         rows = iter([torch.stack(maps).mean(dim=0) for maps in zip(*per_member)])  # (T, S) each
         return [[next(rows) for _ in hyps] for hyps in found]
@@ -323,7 +363,9 @@ class Translator:
         models = [model for model, _, _ in loaded]
         payloads = [payload for _, _, payload in loaded]
         model = models[0] if len(models) == 1 else Ensemble(models)
-        engine = TorchEngine(model, device, **shared_precision(dtype, payloads))
+        engine = TorchEngine(
+            model, device, **shared_precision(dtype, payloads), method=shared_method(payloads)
+        )
         return cls(engine, loaded[0][1], mean_alpha(payloads))
 
     def translate(
@@ -338,16 +380,33 @@ class Translator:
         max_len_ratio: float = MAX_LEN_RATIO,
         max_len_extra: int = MAX_LEN_EXTRA,
         first_line: int = 1,
+        tags: bool = False,
     ) -> List[Translation]:
         """One ``Translation`` per sentence, in the input order, with its ``nbest`` best hypotheses.
 
         ``beam`` 1 is greedy search; ``alpha`` the GNMT length penalty (None: the run's);
         ``alignments`` adds Pharaoh word alignments and word attention, by ``align_method`` (a
-        layer, heads and reading: ``alignment.forced``; None: ``DEFAULT_METHOD``);
+        layer, heads and reading: ``alignment.forced``; None: the model's, ``DEFAULT_METHOD`` unless it
+        was trained with guided alignment, whose supervised heads align then);
         the longest output is
         ``max_len_ratio`` x source tokens + ``max_len_extra``. Warnings name sentence ``i`` as line
-        ``first_line + i``. Bad arguments raise ``ValueError`` before anything is decoded.
+        ``first_line + i``. ``tags``: the sentences hold inline markup (``inference/markup.py``),
+        translated without it and carried into each hypothesis's text by its word alignment (the
+        ``alignment`` is of the words without tags). Bad arguments, and markup that is not well formed,
+        raise ``ValueError`` before anything is decoded.
         """
+        if tags:  # the text without its markup, with alignments (``alignments`` is implied)
+            return self.translate_tagged(
+                sentences,
+                first_line,
+                beam=beam,
+                alpha=alpha,
+                nbest=nbest,
+                align_method=align_method,
+                batch_size=batch_size,
+                max_len_ratio=max_len_ratio,
+                max_len_extra=max_len_extra,
+            )
         if isinstance(sentences, str):
             raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
         options = SearchOptions(
@@ -372,6 +431,23 @@ class Translator:
             for k, hyps, rows in zip(chunk, found, maps):
                 results[todo[k]] = self.result(ids[k], hyps, rows)
         return results
+
+    def translate_tagged(
+        self, sentences: Sequence[str], first_line: int, **options: Any
+    ) -> List[Translation]:
+        """``translate(sentences, tags=True, ...)``: the markup taken out, the text translated with
+        alignments, the tags carried into every hypothesis."""
+        if isinstance(sentences, str):
+            raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
+        markups = []
+        for number, sentence in enumerate(sentences, start=first_line):
+            try:
+                markups.append(parse_markup(sentence))
+            except MarkupError as error:
+                raise MarkupError(f"line {number}: {error}") from None
+        texts = [markup.text for markup in markups]
+        results = self.translate(texts, alignments=True, first_line=first_line, **options)
+        return [with_tags(result, markup) for result, markup in zip(results, markups)]
 
     def check_alignment(self, method: Optional[Method]) -> None:
         """A one-line ``ValueError`` when the engine cannot align by ``method`` (None: the default

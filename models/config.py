@@ -46,9 +46,9 @@ def value_problem(cfg: Any) -> Tuple[str, str]:
             "qk_norm",
             "normalises the queries and keys of a dot product; additive attention has none: leave it false",
         )
-    problem = alignment_problem(cfg)
-    if problem:
-        return problem
+    key, problem = alignment_problem(cfg)
+    if key:
+        return key, problem
     for key in RATES:
         if key in values and not 0.0 <= values[key] < 1.0:
             return key, f"must be in [0, 1), got {values[key]}"

@@ -152,6 +152,24 @@ def trained_synthetic_models(synthetic_corpus, compose_config, tmp_path_factory)
     return models
 
 
+@pytest.fixture(scope="session")
+def trained_guided_models(synthetic_corpus, compose_config, tmp_path_factory):
+    """Each family trained as ``trained_synthetic_models`` is, with guided alignment on the task's true
+    links (``trainer.guided_alignment=1.0``); ``{family: (trainer, checkpoint path, seconds)}``."""
+    from synthetic import write_reversal_links
+
+    from helpers import synthetic_learning_overrides
+
+    links = write_reversal_links(synthetic_corpus, tmp_path_factory.mktemp("links") / "reversal.txt")
+    models = {}
+    for family in ("rnn", "transformer"):
+        run = tmp_path_factory.mktemp(f"guided_{family}")
+        guided = [f"data.alignments={links}", "trainer.guided_alignment=1.0"]
+        overrides = synthetic_learning_overrides(synthetic_corpus, run / "cache", family, *guided)
+        models[family] = train_once(compose_config(overrides), run)
+    return models
+
+
 # name -> the family and its overrides: model.attention, and the steps and rate it needs. On the
 # reversal task the RNN's dot-product scores stay flat longer than the additive ones (at 400 steps
 # general reaches 56 BLEU, scaled_dot 1), and multi-head attention at the RNN's rate of 5e-3 never

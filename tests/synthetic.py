@@ -64,3 +64,12 @@ def exact_match(hypotheses: List[str], references: List[str]) -> float:
     """The share of hypotheses equal to their reference (0 to 1)."""
     assert len(hypotheses) == len(references)
     return sum(h == r for h, r in zip(hypotheses, references)) / len(references)
+
+
+def write_reversal_links(folder: Path, out: Path) -> Path:
+    """The task's true word alignment of the training split in ``folder``, as a Pharaoh file for
+    ``data.alignments``: source word ``i`` of ``n`` is target word ``n - 1 - i``."""
+    with gzip.open(folder / f"train.{SRC}.gz", "rt", encoding="utf-8") as lines:
+        counts = [len(line.split()) for line in lines]
+    out.write_text("".join(" ".join(f"{i}-{n - 1 - i}" for i in range(n)) + "\n" for n in counts))
+    return out

@@ -377,11 +377,7 @@ def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models, tmp_path
     done = translate("--checkpoint", rnn, "--alignments", "--align-heads", "x", "a b")
     assert_one_error_line(done, "--align-heads x: give 'all' or numbers from 1")
     done = translate("--checkpoint", rnn, "--align-reading", "read", "a b")
-    assert_one_error_line(done, "choose the maps of --alignments or --plot")
-    done = translate(
-        "--engine", "ctranslate2", "--checkpoint", tmp_path, "--alignments", "--align-layer", 1, "a b"
-    )
-    assert_one_error_line(done, "use --engine torch")
+    assert_one_error_line(done, "choose the maps of --alignments, --plot or --tags")
     ensemble = ["--checkpoint", rnn, "--checkpoint", trained_synthetic_models["transformer"][1]]
     done = translate(*ensemble, "--alignments", "--align-layer", 2, "a b")
     assert_one_error_line(

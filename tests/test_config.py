@@ -117,7 +117,7 @@ def test_unknown_keys_and_wrong_types_fail_when_composing_naming_the_key(overrid
     "override, read, message",
     [
         ("+trainer.frobnicate=1", "trainer", "trainer.frobnicate: the keys of trainer are accumulate, "),
-        ("+data.srcc=de", "data", "data.srcc: the keys of data are cache_dir, "),
+        ("+data.srcc=de", "data", "data.srcc: the keys of data are alignments, cache_dir, "),
         ("+model.frobnicate=1", "model", "model.frobnicate: the keys of model are "),
         ("model=rnn +model.n_heads=4", "model", "model.n_heads: the keys of model are "),
     ],
