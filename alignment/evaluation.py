@@ -32,6 +32,7 @@ from alignment.scores import (
     read_gold,
     split_dev,
 )
+from alignment.transfer import random_spans, span_scores
 from data.corpus import read_lines
 from data.tokenizer import Tokenizer
 
@@ -86,6 +87,24 @@ def heads_table(stats: Sequence[HeadStats]) -> List[str]:
     return lines
 
 
+def transfer_table(
+    systems: Mapping[str, Sequence[Links]], gold: Sequence[Gold], n_src: Sequence[int], n_dev: int
+) -> List[str]:
+    """Tag transfer on the rest part: one random source span of 1 to 4 words per pair (seeded), carried
+    through each system's links and through the gold sure links (``alignment/transfer.py``); the share
+    carried to exactly the gold span and the mean word F1 against it."""
+    spans = random_spans(n_src[n_dev:])
+    sure = [g.sure for g in gold[n_dev:]]
+    lines = [
+        "| links | spans | exact match | word F1 |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, links in systems.items():
+        found = span_scores(links[n_dev:], sure, spans)
+        lines.append(f"| {name} | {found.spans} | {percent(found.exact)} | {percent(found.word_f1)} |")
+    return lines
+
+
 def report(
     title: str,
     about: Sequence[str],
@@ -94,9 +113,13 @@ def report(
     grid: Sequence[Scored],
     stats: Optional[Sequence[HeadStats]] = None,
     stats_about: str = "",
+    own: Optional[Scored] = None,
+    transfer: Sequence[str] = (),
 ) -> str:
     """The Markdown report: what was measured (``about``: lines), the chosen method and its AER on
-    the rest, the references, the grid, and the heads' numbers when given."""
+    the rest, the checkpoint's own method (``own``: its supervised heads when it was trained with guided
+    alignment), the references, the tag transfer table (``transfer``: lines), the grid, and the heads'
+    numbers when given."""
     best_reference = min(references, key=lambda s: s.dev.aer) if references else None
     lines = [f"# {title}", "", *about, ""]
     lines += [
@@ -110,7 +133,23 @@ def report(
             f"Best reference on the dev part: {best_reference.name}, AER {percent(best_reference.rest.aer)} "
             "on the rest."
         )
+    if own is not None:
+        lines.append(
+            f"The checkpoint's own method ({own.name}): AER {percent(own.rest.aer)} on the rest "
+            f"(precision {percent(own.rest.precision)}, recall {percent(own.rest.recall)})."
+        )
     lines += ["", "## References", "", *table(references), ""]
+    if transfer:
+        lines += [
+            "## Tag transfer",
+            "",
+            "A random span of 1 to 4 source words per pair of the rest, carried through each system's links to "
+            "the target words from the first to the last linked one, against the span the sure gold links give "
+            "(spans those link to nothing left out); in percent.",
+            "",
+            *transfer,
+            "",
+        ]
     lines += ["## Every layer, head and reading", "", *table(grid), ""]
     if stats:
         lines += ["## Heads", "", stats_about, "", *heads_table(stats), ""]
@@ -184,3 +223,19 @@ def every_method_scored(
     tgt_pieces = [tokenizer.tgt_pieces(ids) for ids in tgt_ids]
     predicted = model_links(maps, methods, src_pieces, tgt_pieces)
     return predicted, {method: score(method.label, predicted[method], gold, n_dev) for method in methods}
+
+
+def method_scored(
+    maps: Sequence[Tensor],
+    tokenizer: Tokenizer,
+    src_ids: Sequence[List[int]],
+    tgt_ids: Sequence[List[int]],
+    gold: Sequence[Gold],
+    n_dev: int,
+    method: Method,
+) -> Tuple[List[Links], Scored]:
+    """One method's links and scores (``every_method_scored`` for a method of one's own)."""
+    src_pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
+    tgt_pieces = [tokenizer.tgt_pieces(ids) for ids in tgt_ids]
+    links = model_links(maps, [method], src_pieces, tgt_pieces)[method]
+    return links, score(method.label, links, gold, n_dev)

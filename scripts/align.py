@@ -21,15 +21,18 @@ parallel text, e.g. the validation split) add every head's entropy and importanc
 (``alignment/heads.py``).
 
 Writes ``DIR/report.md`` (the whole grid, the references, the chosen method and its AER on the
-rest), ``DIR/alignments.txt`` (the chosen method's links, Pharaoh ``i-j``, 0-based, one line per
-pair), ``DIR/grid.png`` (AER on the dev part, layers by heads, per reading), and with
-``--tensorboard DIR`` the first ``--samples`` pairs as Attention-tab samples with the reference's
-links and the chosen method's (``viewer/``).
+rest, the checkpoint's own method: its supervised heads when it was trained with guided alignment,
+and with ``--gold`` tag transfer: random source spans carried through each system's links, scored
+against the gold links' spans, ``alignment/transfer.py``), ``DIR/alignments.txt`` (the chosen
+method's links, Pharaoh ``i-j``, 0-based, one line per pair), ``DIR/grid.png`` (AER on the dev part,
+layers by heads, per reading), and with ``--tensorboard DIR`` the first ``--samples`` pairs as
+Attention-tab samples with the reference's links and the chosen method's (``viewer/``).
 """
 
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -148,18 +151,20 @@ def run(args: argparse.Namespace) -> str:
     from alignment.evaluation import (
         choose,
         every_method_scored,
+        method_scored,
         read_pairs,
         reference_about,
         references_and_gold,
         report,
         score,
+        transfer_table,
     )
     from alignment.forced import batched_cross_maps, src_with_eos
     from alignment.heads import text_head_stats
     from alignment.words import piece_ids
     from common.device import pick_device
     from inference.figures import alignment_grid_figure
-    from inference.translator import load_model
+    from inference.translator import checkpoint_method, load_model, trained_with_guidance
 
     langs = (args.src_lang, args.tgt_lang)
     src_lines, tgt_lines, src_words, tgt_words = read_pairs(
@@ -177,6 +182,17 @@ def run(args: argparse.Namespace) -> str:
     predicted, scored = every_method_scored(maps, tokenizer, src_ids, tgt_ids, gold, args.dev)
     seconds, methods, (n_layers, n_heads) = time.perf_counter() - start, list(scored), maps[0].shape[:2]
     chosen = choose(scored)
+    own_method = checkpoint_method(payload)  # the supervised heads of a model trained with guided alignment
+    own_links, own = method_scored(maps, tokenizer, src_ids, tgt_ids, gold, args.dev, own_method)
+    guided = "supervised by guided alignment" if trained_with_guidance(payload) else "the default"
+    systems = {
+        f"chosen: {chosen.label}": predicted[chosen],
+        f"checkpoint's own ({guided}): {own_method.label}": own_links,
+        **references,
+    }
+    transfer = (
+        transfer_table(systems, gold, [len(words) for words in src_words], args.dev) if args.gold else []
+    )
     stats, stats_about = (None, "")
     if args.heads_src:
         stats, stats_about = text_head_stats(model, tokenizer, Path(args.heads_src), Path(args.heads_tgt))
@@ -199,6 +215,8 @@ def run(args: argparse.Namespace) -> str:
         [scored[m] for m in methods],
         stats,
         stats_about,
+        replace(own, name=f"{own.name}, {guided}"),
+        transfer,
     )
 
     what = "AER against human links" if args.gold else "disagreement with fast_align (1 - agreement)"

@@ -370,7 +370,7 @@ def test_outputs_cut_at_the_length_limit_are_aligned_word_by_word(family, traine
             assert sorted(j for _, j in hyp.alignment) == list(range(len(hyp.text.split())))
 
 
-def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models, tmp_path):
+def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models):
     rnn = trained_synthetic_models["rnn"][1]
     done = translate("--checkpoint", rnn, "--alignments", "--align-layer", 3, "a b")
     assert_one_error_line(done, "alignment layer 3: the model has 1 decoder layer(s)")
@@ -398,3 +398,26 @@ def test_a_dev_part_that_leaves_no_pair_on_either_side_is_one_line(
         "number from 1 to 5"
     )
     assert not out.exists()  # nothing written
+
+
+def transfer_row(report: str, start: str):
+    """The spans, exact match and word F1 of the tag transfer row whose name starts with ``start``."""
+    section = report.split("## Tag transfer")[1].split("## Every layer")[0]
+    row = next(line for line in section.splitlines() if line.startswith(f"| {start}"))
+    return [float(cell) for cell in row.split("|")[2:5]]
+
+
+def test_a_guided_checkpoint_reports_its_supervised_heads_and_tag_transfer(trained_guided_models, tmp_path):
+    src, tgt, gold = reversal_set(tmp_path)
+    out = tmp_path / "out"
+    assert align_with_gold(trained_guided_models["transformer"][1], src, tgt, gold, 20, out) == 0
+    report = (out / "report.md").read_text(encoding="utf-8")
+    own = re.search(
+        r"own method \(layer 1, head 1, predict, supervised by guided alignment\): AER ([\d.]+)", report
+    )
+    assert own and float(own.group(1)) < 10, report
+    spans, exact, f1 = transfer_row(report, "checkpoint's own (supervised by guided alignment)")
+    assert spans == 40 and exact >= 90 and f1 >= 95
+    assert (
+        transfer_row(report, "diagonal")[1] < 50
+    )  # the reversal mirrors spans: a diagonal rarely carries one

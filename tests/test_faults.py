@@ -44,8 +44,10 @@ def losses(run_dir: Path):
         [],
         # a schedule fitted to the run, an EMA (saved in the checkpoint) and sampled segmentations
         ["trainer.schedule=cosine", "trainer.ema_decay=0.9", "data.sampling_alpha=0.3"],
+        # guided alignment on fast_align's links of the slice (computed by the first run, cached)
+        ["data.alignments=fast_align", "trainer.guided_alignment=0.5"],
     ],
-    ids=["plain", "cosine-ema-sampling"],
+    ids=["plain", "cosine-ema-sampling", "guided"],
 )
 def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_slice, tmp_path, extra):
     cache = tmp_path / "cache"
@@ -78,6 +80,10 @@ def test_a_run_stopped_by_sigterm_and_resumed_is_the_uninterrupted_run(multi30k_
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert losses(split) == losses(tmp_path / "whole") and len(losses(split)) == 24
+    if "trainer.guided_alignment=0.5" in extra:  # its loss in TensorBoard, the same; the links from the cache
+        aligned = scalars(split / "tb", "train/alignment_loss")
+        assert aligned == scalars(tmp_path / "whole" / "tb", "train/alignment_loss") and len(aligned) == 24
+        assert "guided alignment: the links of fast_align from" in resumed.stderr + resumed.stdout
     a = torch.load(tmp_path / "whole" / "checkpoints" / "last.pt", weights_only=True)
     b = torch.load(split / "checkpoints" / "last.pt", weights_only=True)
     # bitwise: same ops, same order, same thread count on CPU

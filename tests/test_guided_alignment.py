@@ -9,6 +9,7 @@ import torch
 
 from alignment.forced import batched_cross_maps, method_map, word_links
 from alignment.method import DEFAULT_METHOD, Method, supervised_method
+from alignment.transfer import project_point, project_span, random_spans, span_scores, word_f1
 from data.alignments import check_fit, file_links, parse_pharaoh, to_pieces, word_pieces
 from data.batching import PieceLinks, TokenArrays, make_batch
 from data.corpus import VALID
@@ -237,3 +238,24 @@ def test_the_ctranslate2_export_keeps_the_supervised_heads_and_aligns_as_our_eng
     assert_one_error_line(
         done, "gives only the export's alignment (layer 1, head 1, predict); choose the method"
     )
+
+
+def test_a_span_goes_from_the_first_to_the_last_linked_output_word_and_a_point_before_the_next():
+    links = [(0, 2), (1, 0), (2, 1), (3, 3)]
+    assert project_span(links, 0, 2) == (0, 3) and project_span(links, 3, 4) == (3, 4)
+    assert project_span([(0, 0)], 1, 2) is None
+    assert project_point(links, 1, 4) == 0  # before the output word of source word 1
+    assert project_point([(0, 0), (2, 1)], 1, 2) == 1  # word 1 unlinked: the next linked one's
+    assert project_point(links, 4, 4) == 4  # at the source's end: the output's end
+    assert project_point([(0, 0), (2, 1)], 3, 2) == 2
+
+
+def test_span_scores_count_exact_spans_and_word_f1_against_the_gold_spans():
+    gold = [[(0, 1), (1, 0)], [(0, 0), (1, 1), (2, 2)]]
+    system = [[(0, 1), (1, 0)], [(0, 0), (1, 2), (2, 1)]]
+    spans = [(0, (0, 1)), (1, (1, 2)), (1, (0, 1))]
+    found = span_scores(system, gold, spans)
+    assert found.spans == 3 and found.exact == pytest.approx(2 / 3) and found.word_f1 == pytest.approx(2 / 3)
+    assert word_f1((0, 2), (1, 3)) == pytest.approx(0.5) and word_f1(None, (0, 1)) == 0.0
+    assert random_spans([5, 0, 3], seed=3) == random_spans([5, 0, 3], seed=3)
+    assert all(1 <= end - start <= 4 and end <= [5, 0, 3][k] for k, (start, end) in random_spans([5, 0, 3]))
