@@ -125,7 +125,9 @@ class ParallelDataset(Dataset):
     def __init__(self, src: Sequences, tgt: Sequences, links: Optional[PieceLinks] = None):
         self.src, self.tgt = token_arrays(src), token_arrays(tgt)
         assert len(self.src) == len(self.tgt), "source and target must be aligned"
-        self.links = links  # guided alignment's reference links of every pair (data/alignments.py), or None
+        self.links = (
+            links  # guided alignment's reference links of every pair (alignment/reference.py), or None
+        )
 
     def __len__(self) -> int:
         return len(self.src)
@@ -155,7 +157,7 @@ class Batch:
     tgt_lengths: Tensor  # (B,)
     indices: Tensor  # (B,) each pair's position in its split: restores the input order
     # (B, T, S) guided alignment's reference: each target piece's links spread over the source pieces
-    # (data/alignments.py); None without
+    # (alignment/reference.py); None without
     links: Optional[Tensor] = None
 
     def to(self, device: torch.device) -> "Batch":

@@ -54,7 +54,7 @@ class DataConfig:
     # model's; 0.1-0.5 usual), a function of (seed, epoch, pair); null: off. Unigram models only.
     # Validation and test text is never sampled.
     sampling_alpha: Optional[float] = None
-    # Guided alignment's reference links of the training pairs (trainer.guided_alignment; data/alignments.py):
+    # Guided alignment's reference links of the training pairs (trainer.guided_alignment; alignment/reference.py):
     # a Pharaoh file (a line per training pair, "i-j" links of space-separated words, from 0) or
     # fast_align (computed over the training text, then cached); null: none.
     alignments: Optional[str] = None

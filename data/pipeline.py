@@ -27,7 +27,6 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import sentencepiece as spm
 
-from data.alignments import training_links
 from data.batching import ParallelDataset, TokenBucketSampler, padding_ratio
 from data.config import DataConfig
 from data.corpus import TRAIN, VALID, Corpus, describe_source, eval_split_names
@@ -91,10 +90,8 @@ def store_settings(cfg: DataConfig, corpus: Corpus) -> Dict[str, Any]:
     }
 
 
-def prepare_data(cfg: DataConfig, alignments: bool = False) -> PreparedData:
-    """The corpus ``cfg`` names, tokenized: from its token store, built first if there is none. With
-    ``alignments``, the training pairs carry the reference links ``data.alignments`` names
-    (``data/alignments.py``: from its cache, or computed and cached)."""
+def prepare_data(cfg: DataConfig) -> PreparedData:
+    """The corpus ``cfg`` names, tokenized: from its token store, built first if there is none."""
     corpus = corpus_splits(cfg)
     for required in (TRAIN, VALID):
         if required not in corpus:
@@ -120,26 +117,7 @@ def prepare_data(cfg: DataConfig, alignments: bool = False) -> PreparedData:
     else:
         log.info("data: using the token store %s", folder)
         seconds = {"store": time.perf_counter() - start}
-    prepared = from_store(store, cfg, seconds)
-    if alignments:
-        if cfg.alignments is None:
-            raise DataError(
-                "guided alignment needs reference links: set data.alignments (a Pharaoh file or fast_align)"
-            )
-        start = time.perf_counter()
-        train = prepared.datasets[TRAIN]
-        train.links = training_links(
-            cfg.alignments,
-            store.folder,
-            Path(cfg.cache_dir),
-            islice(corpus[TRAIN].pairs(), cfg.train_limit),
-            cfg.train_limit is not None,
-            (store.texts(TRAIN, "src"), store.texts(TRAIN, "tgt")),
-            (train.src, train.tgt),
-            prepared.tokenizer,
-        )
-        prepared.stats["seconds"]["alignments"] = time.perf_counter() - start
-    return prepared
+    return from_store(store, cfg, seconds)
 
 
 def from_store(store: TokenStore, cfg: DataConfig, seconds: Dict[str, float]) -> PreparedData:

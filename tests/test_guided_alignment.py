@@ -1,4 +1,4 @@
-"""Guided alignment: reference links of the training pairs (data/alignments.py), the loss
+"""Guided alignment: reference links of the training pairs (alignment/reference.py), the loss
 (training/guided.py) and a model trained with it, which aligns by its supervised heads."""
 
 import math
@@ -9,8 +9,8 @@ import torch
 
 from alignment.forced import batched_cross_maps, method_map, word_links
 from alignment.method import DEFAULT_METHOD, Method, supervised_method
+from alignment.reference import check_fit, file_links, parse_pharaoh, to_pieces, word_pieces
 from alignment.transfer import project_point, project_span, random_spans, span_scores, word_f1
-from data.alignments import check_fit, file_links, parse_pharaoh, to_pieces, word_pieces
 from data.batching import PieceLinks, TokenArrays, make_batch
 from data.corpus import VALID
 from data.errors import DataError

@@ -4,7 +4,7 @@ one cross-attention learns reference word alignments beside the translation.
 At the step that predicts target piece ``t`` the supervised attention (``model.alignment_layer``,
 the mean of its first ``model.alignment_heads`` heads) gives a distribution ``a_t`` over the source
 pieces; the reference gives ``p_t``, the piece's links spread evenly over the source pieces they
-name (``data/alignments.py``). The loss is their cross-entropy, summed over the pieces that have
+name (``alignment/reference.py``). The loss is their cross-entropy, summed over the pieces that have
 links (a piece without any adds nothing)::
 
     L_align = - sum_t sum_s p_t(s) log a_t(s)

@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from alignment.reference import attach_links
 from common.device import attention_kernels, autocast_for, pick_device, precision_name, set_tf32, set_threads
 from data.config import DataConfig
 from data.pipeline import PreparedData, prepare_data
@@ -76,7 +77,9 @@ def make_setup(
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     with distributed.main_first(world):  # rank 0 trains and caches the tokenizer; the others then read it
-        data = prepare_data(data_cfg, alignments=tc.guided_alignment > 0)
+        data = prepare_data(data_cfg)
+        if tc.guided_alignment > 0:  # the training pairs' reference links (computed once, then cached)
+            attach_links(data, data_cfg)
     model = model_for(model_cfg, data.tokenizer).to(device)
     optimizer = make_optimizer(model, tc)
     # one precision for training, validation and the test decoding (translate.py takes the same);

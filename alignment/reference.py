@@ -28,6 +28,7 @@ import logging
 import os
 import tempfile
 import time
+from itertools import islice
 from pathlib import Path
 from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
@@ -36,9 +37,12 @@ import numpy as np
 from alignment.words import word_ids
 from common.files import current_umask
 from data.batching import PieceLinks, TokenArrays
-from data.corpus import file_fingerprint, stream_lines
+from data.config import DataConfig
+from data.corpus import TRAIN, file_fingerprint, stream_lines
 from data.errors import DataError
-from data.store import TextArrays
+from data.pipeline import PreparedData
+from data.sources import corpus_splits
+from data.store import TextArrays, TokenStore
 from data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -254,3 +258,25 @@ def training_links(
         path,
     )
     return links
+
+
+def attach_links(data: PreparedData, cfg: DataConfig) -> None:
+    """Give the training split of ``data`` (prepared from ``cfg``) the reference links ``data.alignments``
+    names (``DataError`` when it names none)."""
+    if cfg.alignments is None:
+        raise DataError(
+            "guided alignment needs reference links: set data.alignments (a Pharaoh file or fast_align)"
+        )
+    start = time.perf_counter()
+    store, train = TokenStore(data.store), data.datasets[TRAIN]
+    train.links = training_links(
+        cfg.alignments,
+        data.store,
+        Path(cfg.cache_dir),
+        islice(corpus_splits(cfg)[TRAIN].pairs(), cfg.train_limit),
+        cfg.train_limit is not None,
+        (store.texts(TRAIN, "src"), store.texts(TRAIN, "tgt")),
+        (train.src, train.tgt),
+        data.tokenizer,
+    )
+    data.stats["seconds"]["alignments"] = time.perf_counter() - start
