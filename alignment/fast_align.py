@@ -31,7 +31,7 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, List, Sequence, Tuple
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 from alignment.scores import AlignmentError, Links
 from common.files import write_lines
@@ -119,21 +119,28 @@ def train_fast_align(
     return model
 
 
-def align_pairs(
+def aligned_pairs(
     model: FastAlignModel, src: Sequence[Sequence[str]], tgt: Sequence[Sequence[str]]
-) -> List[Links]:
+) -> Iterator[Links]:
     """Each pair's links ``(i, j)`` (source word ``i``, target word ``j``, 0-based), symmetrised
-    with grow-diag-final-and; none for a pair with an empty side."""
+    with grow-diag-final-and, one pair at a time; none for a pair with an empty side."""
     import systran_align
 
     check_pairs(src, tgt)
     aligner = systran_align.Aligner(str(model.forward), str(model.backward))
-    return [
-        frozenset(tuple(link) for link in aligner.align(list(s), list(t))["alignments"])
-        if s and t
-        else frozenset()
-        for s, t in zip(src, tgt)
-    ]
+    for s, t in zip(src, tgt):
+        yield (
+            frozenset(tuple(link) for link in aligner.align(list(s), list(t))["alignments"])
+            if s and t
+            else frozenset()
+        )
+
+
+def align_pairs(
+    model: FastAlignModel, src: Sequence[Sequence[str]], tgt: Sequence[Sequence[str]]
+) -> List[Links]:
+    """``aligned_pairs`` as a list."""
+    return list(aligned_pairs(model, src, tgt))
 
 
 def text_words(lines: Sequence[str], tokenize: bool, lang: str) -> List[List[str]]:

@@ -26,11 +26,14 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import time
+import zipfile
+from array import array
 from itertools import islice
 from pathlib import Path
-from typing import FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 FORMAT = 1
 FAST_ALIGN = "fast_align"
 FAST_ALIGN_ITERATIONS = 5
+NUMBER = re.compile(r"[0-9]+")
 WordLinks = FrozenSet[Tuple[int, int]]  # (source word, target word), 0-based
 
 
@@ -58,7 +62,7 @@ def parse_pharaoh(line: str, where: str) -> WordLinks:
     links = set()
     for token in line.split():
         i, dash, j = token.partition("-")
-        if not (dash and i.isdigit() and j.isdigit()):
+        if not (dash and NUMBER.fullmatch(i) and NUMBER.fullmatch(j)):
             raise DataError(
                 f"{where}: {token!r} is not a link: write i-j (source word i, target word j, from 0), "
                 "separated by spaces"
@@ -103,48 +107,49 @@ def check_fit(links: WordLinks, n_src: int, n_tgt: int, where: str) -> None:
 
 
 def piece_links(
-    links: Sequence[WordLinks],
+    links: Iterable[Tuple[WordLinks, str]],
     texts: Tuple[TextArrays, TextArrays],
     ids: Tuple[TokenArrays, TokenArrays],
     tokenizer: Tokenizer,
-    where: Sequence[str],
 ) -> PieceLinks:
-    """Every stored pair's word links as piece links; ``where[k]`` names pair ``k``'s line for the error
-    of a link beyond its words (``check_fit``). A pair whose pieces do not make its space-separated words
-    back keeps no links (counted in the log)."""
-    src_all: List[List[int]] = []
-    tgt_all: List[List[int]] = []
+    """Every stored pair's word links, given in order with where they come from (for the error of a link
+    beyond its words, ``check_fit``), as piece links, gathered pair by pair into flat arrays. A pair
+    whose pieces do not make its space-separated words back keeps no links (counted in the log)."""
+    src_all, tgt_all, counts = array("i"), array("i"), array("q")
     unmatched = 0
-    for k, pair_links in enumerate(links):
+    for k, (pair_links, where) in enumerate(links):
         src_words = word_pieces(tokenizer.src_pieces(ids[0][k]))
         tgt_words = word_pieces(tokenizer.tgt_pieces(ids[1][k]))
         n_src, n_tgt = len(texts[0][k].split()), len(texts[1][k].split())
-        check_fit(pair_links, n_src, n_tgt, where[k])
+        check_fit(pair_links, n_src, n_tgt, where)
         if pair_links and (len(src_words) != n_src or len(tgt_words) != n_tgt):
             unmatched += 1
             pair_links = frozenset()
         src, tgt = to_pieces(pair_links, src_words, tgt_words)
-        src_all.append(src)
-        tgt_all.append(tgt)
+        src_all.extend(src)
+        tgt_all.extend(tgt)
+        counts.append(len(src))
     if unmatched:
         log.info(
             "guided alignment: %d pairs keep no links (their pieces do not make their words back)", unmatched
         )
-    return PieceLinks(TokenArrays.from_lists(src_all), TokenArrays.from_lists(tgt_all))
+    lengths = np.frombuffer(counts, dtype=np.int64)
+    return PieceLinks(
+        TokenArrays(np.frombuffer(src_all, dtype=np.int32), lengths),
+        TokenArrays(np.frombuffer(tgt_all, dtype=np.int32), lengths),
+    )
 
 
 def file_links(
     path: Path, raw_pairs: Iterable[Tuple[str, str]], texts: Tuple[TextArrays, TextArrays], limited: bool
-) -> Tuple[List[WordLinks], List[str]]:
+) -> Iterator[Tuple[WordLinks, str]]:
     """The links of every stored training pair from the Pharaoh file ``path`` (line ``k``: raw pair
-    ``k``), and where each came from (``"FILE, line N"``). The stored pairs are the raw pairs kept, in
-    order, so walking both finds each one's line. A file with more lines than the split has pairs is
-    refused unless ``limited`` (``data.train_limit`` read the first pairs only)."""
+    ``k``), with where each came from (``"FILE, line N"``), one pair at a time. The stored pairs are the
+    raw pairs kept, in order, so walking both finds each one's line. A file with more lines than the
+    split has pairs is refused unless ``limited`` (``data.train_limit`` read the first pairs only)."""
     src_text, tgt_text = texts
-    found: List[WordLinks] = []
-    where: List[str] = []
     lines = stream_lines(path)
-    number = 0
+    number = kept = 0
     for number, (src, tgt) in enumerate(raw_pairs, start=1):
         line = next(lines, None)
         if line is None:
@@ -152,28 +157,30 @@ def file_links(
                 f"{path} has {number - 1} lines but the training split has more pairs: data.alignments needs "
                 "a line of links per training pair"
             )
-        kept = len(found)
         if kept < len(src_text) and src == src_text[kept] and tgt == tgt_text[kept]:
             here = f"{path}, line {number}"
-            found.append(parse_pharaoh(line, here))
-            where.append(here)
+            yield parse_pharaoh(line, here), here
+            kept += 1
     if not limited and next(lines, None) is not None:
         raise DataError(
             f"{path} has more lines than the training split's {number} pairs: data.alignments needs a line "
             "of links per training pair"
         )
-    if len(found) != len(src_text):
+    if kept != len(src_text):
         raise DataError(f"{path}: the training text changed while it was read: run again")
-    return found, where
 
 
-def fast_align_word_links(texts: Tuple[TextArrays, TextArrays], work: Path) -> List[WordLinks]:
-    """fast_align trained on the stored training pairs (words split at spaces, lowercased), aligning them."""
-    from alignment.fast_align import align_pairs, split_words, train_fast_align
+def fast_align_word_links(
+    texts: Tuple[TextArrays, TextArrays], work: Path
+) -> Iterator[Tuple[WordLinks, str]]:
+    """fast_align trained on the stored training pairs (words split at spaces, lowercased), then aligning
+    them one at a time."""
+    from alignment.fast_align import aligned_pairs, split_words, train_fast_align
 
-    src, tgt = split_words(list(texts[0])), split_words(list(texts[1]))
+    src, tgt = split_words(texts[0]), split_words(texts[1])
     model = train_fast_align(src, tgt, work, iterations=FAST_ALIGN_ITERATIONS)
-    return align_pairs(model, src, tgt)
+    for k, links in enumerate(aligned_pairs(model, src, tgt)):
+        yield links, f"fast_align, pair {k + 1}"
 
 
 def links_key(store_folder: Path, source: str) -> str:
@@ -215,7 +222,7 @@ def load_links(path: Path, n_pairs: int) -> Optional[PieceLinks]:
         with np.load(path) as saved:
             lengths = saved["lengths"]
             links = PieceLinks(TokenArrays(saved["src_ids"], lengths), TokenArrays(saved["tgt_ids"], lengths))
-    except (OSError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):  # missing, damaged or cut short
         return None
     return links if len(links) == n_pairs else None
 
@@ -241,11 +248,9 @@ def training_links(
     if source == FAST_ALIGN:
         log.info("guided alignment: training fast_align on %d pairs", len(ids[0]))
         with tempfile.TemporaryDirectory() as work:
-            word_links = fast_align_word_links(texts, Path(work))
-        where = [f"fast_align, pair {k + 1}" for k in range(len(word_links))]
+            links = piece_links(fast_align_word_links(texts, Path(work)), texts, ids, tokenizer)
     else:
-        word_links, where = file_links(Path(source), raw_pairs, texts, limited)
-    links = piece_links(word_links, texts, ids, tokenizer, where)
+        links = piece_links(file_links(Path(source), raw_pairs, texts, limited), texts, ids, tokenizer)
     save_links(path, links)
     linked = int((links.src.lengths > 0).sum())
     log.info(

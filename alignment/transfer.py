@@ -4,7 +4,8 @@ A tag around source words ``start .. end - 1`` goes around the output words link
 the span from the first to the last of those (``project_span``; None when none is linked, and the
 tag is then left out rather than put in the wrong place). A point between words (a self-closing
 tag before source word ``k``) goes before the first output word linked to word ``k`` or, when that
-one has no link, to the next linked source word (``project_point``).
+one has no link, to the next linked source word; with none after it, to the output's end
+(``project_point``).
 
 ``span_scores`` measures a system's links on a gold set the way a user of tag transfer meets them:
 random source spans of 1 to 4 words, each carried by the system's links and by the human links,
@@ -27,17 +28,14 @@ def project_span(links: Links, start: int, end: int) -> Optional[Span]:
     return (min(targets), max(targets) + 1) if targets else None
 
 
-def project_point(links: Links, before: int, n_out: int) -> Optional[int]:
+def project_point(links: Links, before: int, n_out: int) -> int:
     """Where a point before source word ``before`` goes: before the first output word linked to it or to
-    a later source word that has links; ``n_out`` (the end) for a point at the source's end; None when
-    no later source word has a link."""
+    the next later source word that has links; ``n_out`` (the output's end) when no later word has one."""
     by_source: Dict[int, List[int]] = {}
     for i, j in links:
         by_source.setdefault(i, []).append(j)
-    later = sorted(i for i in by_source if i >= before)
-    if later:
-        return min(by_source[later[0]])
-    return n_out if not by_source or before > max(by_source) else None
+    later = [i for i in by_source if i >= before]
+    return min(by_source[min(later)]) if later else n_out
 
 
 @dataclass(frozen=True)

@@ -123,17 +123,16 @@ def overlaps(span: Tuple[int, int], other: Tuple[int, int]) -> bool:
 def place_tags(markup: Markup, links: List[Tuple[int, int]], n_out: int) -> Dict[int, Tuple[int, int]]:
     """Where each tag that is carried goes among ``n_out`` output words: a paired tag's output span
     ``(first, last + 1)``, a self-closing tag's ``(k, k)`` (before output word ``k``). A tag stays within
-    the span of the nearest enclosing tag kept, and a paired tag never overlaps a kept sibling."""
+    the span of its nearest enclosing tag that is kept (a self-closing one strictly inside it), and a
+    paired tag never overlaps a kept paired tag that does not enclose it: the markup stays well formed."""
     words = markup.word_spans()
     placed: Dict[int, Tuple[int, int]] = {}
     for index, tag in enumerate(markup.tags):
-        ancestor = tag.parent
-        while ancestor is not None and ancestor not in placed:
-            ancestor = markup.tags[ancestor].parent
-        low, high = placed[ancestor] if ancestor is not None else (0, n_out)
+        ancestors = kept_ancestors(markup, index, placed)
+        low, high = placed[ancestors[0]] if ancestors else (0, n_out)
         if tag.self_closing:
             point = project_point(links, word_before(tag, words), n_out)
-            if point is not None and low <= point <= high:
+            if low <= point and (point < high or not ancestors):
                 placed[index] = (point, point)
             continue
         source = enclosed_words(tag, words)
@@ -141,14 +140,21 @@ def place_tags(markup: Markup, links: List[Tuple[int, int]], n_out: int) -> Dict
         if span is None:
             continue
         span = (max(span[0], low), min(span[1], high))
-        siblings = [
-            placed[k]
-            for k in placed
-            if markup.tags[k].parent == tag.parent and not markup.tags[k].self_closing
-        ]
-        if span[0] < span[1] and not any(overlaps(span, other) for other in siblings):
+        others = [placed[k] for k in placed if k not in ancestors and not markup.tags[k].self_closing]
+        if span[0] < span[1] and not any(overlaps(span, other) for other in others):
             placed[index] = span
     return placed
+
+
+def kept_ancestors(markup: Markup, index: int, placed: Dict[int, Tuple[int, int]]) -> List[int]:
+    """The tags enclosing tag ``index`` in the source that are kept (in ``placed``), nearest first."""
+    found = []
+    parent = markup.tags[index].parent
+    while parent is not None:
+        if parent in placed:
+            found.append(parent)
+        parent = markup.tags[parent].parent
+    return found
 
 
 def tagged_text(markup: Markup, text: str, links: Iterable[Tuple[int, int]]) -> str:

@@ -130,11 +130,16 @@ class Translation:
 
 def with_tags(result: Translation, markup: Markup) -> Translation:
     """``result`` (every hypothesis) with ``markup``'s tags carried into its text; untagged when its
-    source words are not the markup's words (the tokenizer split or dropped one)."""
+    source words are not the markup's words (the tokenizer split or dropped one), or a hypothesis's
+    text words are not its aligned words."""
     if len(result.src_words) != len(markup.word_spans()):
         return result
 
     def tagged(t: Translation) -> Translation:
+        if len(t.out_words) != len(
+            t.text.split()
+        ):  # the text's words are not the aligned ones (<unk>'s " ⁇ ")
+            return t
         return replace(t, text=tagged_text(markup, t.text, t.alignment or []))
 
     hypotheses = [tagged(t) for t in result.nbest]

@@ -9,7 +9,15 @@ import torch
 
 from alignment.forced import batched_cross_maps, method_map, word_links
 from alignment.method import DEFAULT_METHOD, Method, supervised_method
-from alignment.reference import check_fit, file_links, parse_pharaoh, to_pieces, word_pieces
+from alignment.reference import (
+    check_fit,
+    file_links,
+    load_links,
+    parse_pharaoh,
+    save_links,
+    to_pieces,
+    word_pieces,
+)
 from alignment.transfer import project_point, project_span, random_spans, span_scores, word_f1
 from data.batching import PieceLinks, TokenArrays, make_batch
 from data.corpus import VALID
@@ -84,16 +92,18 @@ def test_the_file_is_read_line_by_pair_skipping_dropped_pairs_and_must_have_a_li
     stored = (TextArrays.from_texts(["a b", "c"]), TextArrays.from_texts(["x y", "w"]))
     path = tmp_path / "links.txt"
     path.write_text("0-1 1-0\n0-0\n0-0\n")
-    found, where = file_links(path, raw, stored, limited=False)
-    assert found == [frozenset({(0, 1), (1, 0)}), frozenset({(0, 0)})]
-    assert where == [f"{path}, line 1", f"{path}, line 3"]
+    found = list(file_links(path, raw, stored, limited=False))
+    assert found == [
+        (frozenset({(0, 1), (1, 0)}), f"{path}, line 1"),
+        (frozenset({(0, 0)}), f"{path}, line 3"),
+    ]
     path.write_text("0-1 1-0\n\n")
     with pytest.raises(DataError, match="has 2 lines but the training split has more pairs"):
-        file_links(path, raw, stored, limited=False)
+        list(file_links(path, raw, stored, limited=False))
     path.write_text("0-1 1-0\n\n0-0\n0-0\n")
     with pytest.raises(DataError, match="more lines than the training split's 3 pairs"):
-        file_links(path, raw, stored, limited=False)
-    assert len(file_links(path, raw, stored, limited=True)[0]) == 2  # data.train_limit: the first lines
+        list(file_links(path, raw, stored, limited=False))
+    assert len(list(file_links(path, raw, stored, limited=True))) == 2  # data.train_limit: the first lines
 
 
 def alignment_accuracy(trainer, method) -> float:
@@ -247,7 +257,7 @@ def test_a_span_goes_from_the_first_to_the_last_linked_output_word_and_a_point_b
     assert project_point(links, 1, 4) == 0  # before the output word of source word 1
     assert project_point([(0, 0), (2, 1)], 1, 2) == 1  # word 1 unlinked: the next linked one's
     assert project_point(links, 4, 4) == 4  # at the source's end: the output's end
-    assert project_point([(0, 0), (2, 1)], 3, 2) == 2
+    assert project_point([(0, 0), (2, 1)], 3, 2) == 2  # after the last linked word: the end
 
 
 def test_span_scores_count_exact_spans_and_word_f1_against_the_gold_spans():
@@ -259,3 +269,25 @@ def test_span_scores_count_exact_spans_and_word_f1_against_the_gold_spans():
     assert word_f1((0, 2), (1, 3)) == pytest.approx(0.5) and word_f1(None, (0, 1)) == 0.0
     assert random_spans([5, 0, 3], seed=3) == random_spans([5, 0, 3], seed=3)
     assert all(1 <= end - start <= 4 and end <= [5, 0, 3][k] for k, (start, end) in random_spans([5, 0, 3]))
+
+
+def test_children_of_a_dropped_tag_never_cross_a_tag_kept_before_them():
+    # <p> overlaps <i> and is left out; its child <b> must not cross <i> either
+    markup = parse_markup("<i>A</i> <p><b>B</b> C</p>")
+    out = tagged_text(markup, "x y z", [(0, 1), (0, 2), (1, 0), (1, 1), (2, 2)])
+    assert out == "x <i>y z</i>"
+
+
+def test_a_digit_that_is_not_ascii_is_not_a_word_index():
+    with pytest.raises(DataError, match=r"^f, line 1: '0-²' is not a link"):
+        parse_pharaoh("0-²", "f, line 1")
+
+
+@pytest.mark.parametrize("damage", [b"", b"PK\x03\x04 cut short"])
+def test_damaged_cached_links_are_made_again(tmp_path, damage):
+    path = tmp_path / "links.npz"
+    links = PieceLinks(TokenArrays.from_lists([[0, 1], []]), TokenArrays.from_lists([[1, 0], []]))
+    save_links(path, links)
+    assert load_links(path, 2).src.ids.tolist() == [0, 1] and load_links(path, 3) is None
+    path.write_bytes(damage)
+    assert load_links(path, 2) is None

@@ -84,7 +84,9 @@ def accumulate_gradients(
             (objective / n_tokens * world.world_size).backward()
         total += loss.detach()
     # every rank sees the same loss: the same skip decisions
-    return distributed.total_on_device(total, device), n_tokens, distributed.total_on_device(aligned, device)
+    if guided:  # one collective more a step, only with guidance
+        aligned = distributed.total_on_device(aligned, device)
+    return distributed.total_on_device(total, device), n_tokens, aligned
 
 
 def step_numbers(
