@@ -43,8 +43,11 @@ def torchrun(n: int, *args: str):
     ]
 
 
+@pytest.mark.parametrize(
+    "extra", [[], ["data.alignments=fast_align", "trainer.guided_alignment=0.5"]], ids=["plain", "guided"]
+)
 def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_one_run(
-    multi30k_slice, tmp_path
+    multi30k_slice, tmp_path, extra
 ):
     """2 ranks x 500 tokens against 1 process accumulating 2 x 500 tokens: the same pairs in every
     step (rank r takes batches r, r + 2, ...; accumulation takes 2k, 2k + 1), the same token
@@ -56,7 +59,12 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_o
             sys.executable,
             str(ROOT / "train.py"),
             *overrides(
-                tmp_path / "single", multi30k_slice, cache, "trainer.batch_tokens=500", "trainer.accumulate=2"
+                tmp_path / "single",
+                multi30k_slice,
+                cache,
+                "trainer.batch_tokens=500",
+                "trainer.accumulate=2",
+                *extra,
             ),
         ],
         capture_output=True,
@@ -66,7 +74,7 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_o
     assert single.returncode == 0, single.stderr[-2000:]
     run = tmp_path / "ddp"
     done = subprocess.run(
-        torchrun(2, *overrides(run, multi30k_slice, cache, "trainer.batch_tokens=500")),
+        torchrun(2, *overrides(run, multi30k_slice, cache, "trainer.batch_tokens=500", *extra)),
         capture_output=True,
         text=True,
         timeout=300,
@@ -77,6 +85,11 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_o
     two = scalars(run / "tb", "train/loss")
     assert [s for s, _ in two] == [s for s, _ in one] == list(range(1, STEPS + 1))
     assert [v for _, v in two] == pytest.approx([v for _, v in one], rel=1e-4)
+    if extra:  # guided alignment's loss, every rank's linked pieces together
+        aligned = [v for _, v in scalars(run / "tb", "train/alignment_loss")]
+        assert aligned == pytest.approx(
+            [v for _, v in scalars(tmp_path / "single" / "tb", "train/alignment_loss")], rel=1e-4
+        )
     assert (
         one[-1][1] < one[0][1] - 0.05
     )  # the steps moved the weights: the comparison is not of six initial losses
