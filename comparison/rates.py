@@ -153,10 +153,14 @@ def plot_rates(curves: Dict[str, Curve], entropy: Dict[Path, Optional[Entropy]],
         ax.set_xscale("log")
         ax.set_xlabel("peak learning rate", fontsize=11)
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=9)
+    # one legend under both panels, where it hides no point: the configurations, then the threshold
+    handles, labels = left.get_legend_handles_labels()
+    extra = [(h, t) for h, t in zip(*right.get_legend_handles_labels()) if t not in labels]
+    handles, labels = handles + [h for h, _ in extra], labels + [t for _, t in extra]
+    rows = (len(labels) + 1) // 2
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
     fig.suptitle("Learning-rate sensitivity: each seed a dot, the mean a line", fontsize=12)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.04 + 0.05 * rows, 1, 1))
     with AtomicFile(path, "wb") as out:
         fig.savefig(out, format="png")
     plt.close(fig)
