@@ -214,28 +214,14 @@ def every_method_scored(
     tgt_ids: Sequence[List[int]],
     gold: Sequence[Gold],
     n_dev: int,
+    methods: Optional[Sequence[Method]] = None,
 ) -> Tuple[Dict[Method, List[Links]], Dict[Method, Scored]]:
-    """Every method's links (``every_method`` of the maps' layers and heads) of the pairs whose
-    cross-attention ``maps`` (``(L, H, T + 1, S)`` each) were read, and their scores against ``gold``."""
-    n_layers, n_heads = maps[0].shape[:2]
-    methods = every_method(n_layers, n_heads)
+    """Every method's links (``methods``; by default ``every_method`` of the maps' layers and heads) of
+    the pairs whose cross-attention ``maps`` (``(L, H, T + 1, S)`` each) were read, and their scores
+    against ``gold``."""
+    if methods is None:
+        methods = every_method(*maps[0].shape[:2])
     src_pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
     tgt_pieces = [tokenizer.tgt_pieces(ids) for ids in tgt_ids]
     predicted = model_links(maps, methods, src_pieces, tgt_pieces)
     return predicted, {method: score(method.label, predicted[method], gold, n_dev) for method in methods}
-
-
-def method_scored(
-    maps: Sequence[Tensor],
-    tokenizer: Tokenizer,
-    src_ids: Sequence[List[int]],
-    tgt_ids: Sequence[List[int]],
-    gold: Sequence[Gold],
-    n_dev: int,
-    method: Method,
-) -> Tuple[List[Links], Scored]:
-    """One method's links and scores (``every_method_scored`` for a method of one's own)."""
-    src_pieces = [tokenizer.src_pieces(ids) for ids in src_ids]
-    tgt_pieces = [tokenizer.tgt_pieces(ids) for ids in tgt_ids]
-    links = model_links(maps, [method], src_pieces, tgt_pieces)[method]
-    return links, score(method.label, links, gold, n_dev)

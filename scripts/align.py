@@ -151,7 +151,6 @@ def run(args: argparse.Namespace) -> str:
     from alignment.evaluation import (
         choose,
         every_method_scored,
-        method_scored,
         read_pairs,
         reference_about,
         references_and_gold,
@@ -183,7 +182,10 @@ def run(args: argparse.Namespace) -> str:
     seconds, methods, (n_layers, n_heads) = time.perf_counter() - start, list(scored), maps[0].shape[:2]
     chosen = choose(scored)
     own_method = checkpoint_method(payload)  # the supervised heads of a model trained with guided alignment
-    own_links, own = method_scored(maps, tokenizer, src_ids, tgt_ids, gold, args.dev, own_method)
+    own_links, own = (
+        found[own_method]
+        for found in every_method_scored(maps, tokenizer, src_ids, tgt_ids, gold, args.dev, [own_method])
+    )
     guided = "supervised by guided alignment" if trained_with_guidance(payload) else "the default"
     systems = {
         f"chosen: {chosen.label}": predicted[chosen],
