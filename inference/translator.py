@@ -136,9 +136,7 @@ def with_tags(result: Translation, markup: Markup) -> Translation:
         return result
 
     def tagged(t: Translation) -> Translation:
-        if len(t.out_words) != len(
-            t.text.split()
-        ):  # the text's words are not the aligned ones (<unk>'s " ⁇ ")
+        if len(t.out_words) != len(t.text.split()):  # not the aligned words (<unk> decodes as " ⁇ ")
             return t
         return replace(t, text=tagged_text(markup, t.text, t.alignment or []))
 
@@ -400,6 +398,8 @@ class Translator:
         ``alignment`` is of the words without tags). Bad arguments, and markup that is not well formed,
         raise ``ValueError`` before anything is decoded.
         """
+        if isinstance(sentences, str):
+            raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
         if tags:  # the text without its markup, with alignments (``alignments`` is implied)
             return self.translate_tagged(
                 sentences,
@@ -412,8 +412,6 @@ class Translator:
                 max_len_ratio=max_len_ratio,
                 max_len_extra=max_len_extra,
             )
-        if isinstance(sentences, str):
-            raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
         options = SearchOptions(
             beam_size=beam,
             alpha=self.alpha if alpha is None else alpha,
@@ -442,8 +440,6 @@ class Translator:
     ) -> List[Translation]:
         """``translate(sentences, tags=True, ...)``: the markup taken out, the text translated with
         alignments, the tags carried into every hypothesis."""
-        if isinstance(sentences, str):
-            raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
         markups = []
         for number, sentence in enumerate(sentences, start=first_line):
             try:
