@@ -9,8 +9,17 @@ import statistics
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from comparison.formats import format_mean_std
+from comparison.protocols import (
+    BEST,
+    SHARED,
+    best_rate_grid,
+    by_rate,
+    rates_table,
+    shared_rate_grid,
+    verdicts_table,
+)
 from comparison.runs import Run, group_labels, seed_scores, valid_scores
-from comparison.significance import METRICS, seeds_verdict
+from comparison.significance import METRICS, SIGNIFICANT, seeds_verdict
 from models.config import FAMILIES  # plain dataclasses: no torch
 
 Cell = Tuple[str, str]  # (architecture, attention)
@@ -129,34 +138,30 @@ def not_a_grid(groups: Sequence[List[Run]], cells: Dict[Cell, List[List[Run]]]) 
     )
 
 
-def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]:
-    """``## Architecture and attention`` (empty unless the groups of 2+ seeds cross the factors)."""
-    cells = grid_cells(groups)
-    if not crossed(list(cells)):
-        return []
-    lines = ["", "## Architecture and attention", ""]
-    why = not_a_grid(groups, cells)
-    if why is not None:
-        return lines + [why]
-    grid = {cell: found[0] for cell, found in cells.items()}
-    defaults = ", ".join(f"{name} {family.attention}" for name, family in FAMILIES.items())
-    lines.append(
-        "The runs cross two factors: the architecture (the `model` group) and the attention function "
-        f"(`model.attention` in each run's config; without it, its family's default: {defaults}). A "
-        "cell is a configuration with 2+ seeds: mean ± standard deviation over its seeds (their number "
-        "in brackets); configurations with one seed are in the next section. Each factor is "
-        "tested within each level of the other, every cell against the first of its row or column, "
-        "with the tests across seeds above (the verdict is Welch's; no seed pairs)."
-    )
+def comparisons(grid: Dict[Cell, object]) -> List[Tuple[str, Cell, Cell, int]]:
+    """What the verdicts compare: (where, the first cell of a row or column, another cell of it, the
+    factor that differs: 1 the attention within an architecture, 0 the architecture with an attention)."""
+    found = []
+    for factor in (1, 0):
+        for level in levels(list(grid), 1 - factor):
+            row = line_of(grid, factor, level)
+            where = f"in {level}" if factor == 1 else f"with {level} attention"
+            found += [(where, row[0], cell, factor) for cell in row[1:]]
+    return found
+
+
+def grid_body(grid: Dict[Cell, List[Run]], splits: Sequence[str], heading: str = "###") -> List[str]:
+    """The tables of one grid (a configuration a cell) and each factor's effect within each level
+    of the other, per split under ``heading``."""
     valid = {cell: valid_scores(runs, "bleu") for cell, runs in grid.items()}
-    lines += ["", *grid_table(valid, "valid BLEU"), "", valid_choice(valid)]
+    lines = ["", *grid_table(valid, "valid BLEU"), "", valid_choice(valid)]
     chrf = {cell: valid_scores(runs, "chrf") for cell, runs in grid.items()}
     lines += ["", *grid_table(chrf, "valid chrF")]
     for title, key, scale, fmt in COSTS:
         cost = {cell: [run.results[key] * scale for run in runs] for cell, runs in grid.items()}
         lines += ["", *grid_table(cost, title, fmt)]
     for split in splits:
-        lines += ["", f"### {split}"]
+        lines += ["", f"{heading} {split}"]
         for metric, key in METRICS:
             scores = {cell: seed_scores(runs, split, key) for cell, runs in grid.items()}
             lines += ["", *grid_table(scores, f"{split} {metric}")]
@@ -166,3 +171,63 @@ def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str
         ):
             lines += ["", f"**The {title}**", "", *effects(grid, split, factor)]
     return lines
+
+
+def protocols_body(cells: Dict[Cell, List[List[Run]]], splits: Sequence[str]) -> Optional[List[str]]:
+    """The grid under both learning-rate protocols (comparison/protocols.py) when the cells'
+    configurations differ by the peak rate only; None when something else differs too."""
+    found = {cell: by_rate(groups) for cell, groups in cells.items()}
+    if any(rates is None for rates in found.values()):
+        return None
+    shared, why = shared_rate_grid(found)
+    if shared is None:
+        return [
+            f"The cells were trained at several peak rates, but {why}: no protocol of one rate per architecture."
+        ]
+    grids = [(SHARED, shared), (BEST, best_rate_grid(found))]
+    lines = [
+        "",
+        "The cells were trained at several peak rates (`trainer.lr`; nothing else differs within a "
+        f"cell), so the grid is read under two protocols: *{SHARED}* (each family's schedule: the "
+        "rate all the cells of the architecture share; of several, the highest validation BLEU "
+        f"averaged over them) and *{BEST}* (its highest mean validation BLEU). Both choose on "
+        "validation only. A verdict that changes between them came from the tuning.",
+        "",
+        "### The rates",
+        "",
+        *rates_table(grids),
+        "",
+        "### The verdicts under both protocols",
+        "",
+        "Each cell: the second minus the first, in the means over the seeds; Welch's p; what it shows "
+        f"(p < {SIGNIFICANT:g}).",
+        "",
+        *verdicts_table(grids, comparisons(shared), splits),
+    ]
+    for name, grid in grids:
+        lines += ["", f"### {name[0].upper()}{name[1:]}", *grid_body(grid, splits, "####")]
+    return lines
+
+
+def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str]:
+    """``## Architecture and attention`` (empty unless the groups of 2+ seeds cross the factors)."""
+    cells = grid_cells(groups)
+    if not crossed(list(cells)):
+        return []
+    lines = ["", "## Architecture and attention", ""]
+    why = not_a_grid(groups, cells)
+    protocols = None if why is None else protocols_body(cells, splits)
+    if why is not None and protocols is None:
+        return lines + [why]
+    defaults = ", ".join(f"{name} {family.attention}" for name, family in FAMILIES.items())
+    lines.append(
+        "The runs cross two factors: the architecture (the `model` group) and the attention function "
+        f"(`model.attention` in each run's config; without it, its family's default: {defaults}). A "
+        "cell is a configuration with 2+ seeds: mean ± standard deviation over its seeds (their number "
+        "in brackets); configurations with one seed are in the next section. Each factor is "
+        "tested within each level of the other, every cell against the first of its row or column, "
+        "with the tests across seeds above (the verdict is Welch's; no seed pairs)."
+    )
+    if protocols is not None:
+        return lines + protocols
+    return lines + grid_body({cell: found[0] for cell, found in cells.items()}, splits)

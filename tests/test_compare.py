@@ -1100,6 +1100,154 @@ def test_no_grid_section_for_runs_that_do_not_cross_architecture_and_attention(r
     assert lines[-1].startswith("No grid: rnn with additive attention is 2 configurations with 2+ seeds (")
 
 
+# The grid trained at several peak rates, as a careful comparison tunes it: each family's schedule
+# trained every cell at one rate (rnn 8e-3, transformer 1.5e-3), and the untuned cell of each family
+# again at its own best rate. (architecture, attention, rate) -> the words dropped from every Nth
+# position and the validation BLEU of seeds 1, 2, 3. At the family's rate the rnn's scaled_dot loses
+# (it collapsed); at its own rate it wins: the verdict in the rnn flips between the protocols.
+TUNED = {
+    ("rnn", "additive", 8e-3): ((5, 5, 6), (36.0, 37.0, 38.0)),
+    ("rnn", "scaled_dot", 8e-3): ((3, 3, 3), (20.0, 21.0, 22.0)),
+    ("rnn", "scaled_dot", 4e-3): ((12, 13, 14), (40.0, 41.0, 42.0)),
+    ("transformer", "additive", 1.5e-3): ((7, 8, 7), (35.0, 36.0, 37.0)),
+    ("transformer", "additive", 7.5e-4): ((9, 10, 9), (37.0, 38.0, 39.0)),
+    ("transformer", "scaled_dot", 1.5e-3): ((9, 9, 10), (38.0, 39.0, 40.0)),
+}
+
+
+@pytest.fixture(scope="module")
+def tuned_sweep(refs, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tuned") / "multirun"
+    jobs = [
+        ([*grid_overrides(model, attention, seed), f"trainer.lr={rate}"], every, valid)
+        for (model, attention, rate), (everies, valids) in TUNED.items()
+        for seed, every, valid in zip((1, 2, 3), everies, valids)
+    ]
+    for number, (overrides, every, valid) in enumerate(jobs):
+        write_run(
+            sweep_job(folder, number, overrides),
+            drop_words(refs, every),
+            refs,
+            [*overrides, "data.root=/data/multi30k"],
+            curve=None,
+            valid={"loss": 3.0, "ppl": 20.1, "bleu": valid, "chrf": valid + 20, "step": 1},
+            train_seconds=valid * 30,
+            train_tokens_per_second=valid * 50,
+        )
+    return folder
+
+
+def test_a_grid_trained_at_several_rates_is_read_at_one_rate_per_architecture_and_at_each_cells_best(
+    tuned_sweep,
+):
+    code, out, err = compare(tuned_sweep, "--bootstrap", 10, "--no-plot")
+    assert code == 0, err
+    text = section(out, "Architecture and attention")
+    assert "No grid" not in text
+    rates = rows(text.split("### The rates\n", 1)[1].split("###", 1)[0])
+    assert rates == [
+        ["cell", "one rate per architecture", "each cell at its best rate"],
+        ["rnn with additive", "0.008 (valid BLEU 37.00, 3 seeds)", "0.008 (valid BLEU 37.00, 3 seeds)"],
+        ["rnn with scaled_dot", "0.008 (valid BLEU 21.00, 3 seeds)", "0.004 (valid BLEU 41.00, 3 seeds)"],
+        [
+            "transformer with additive",
+            "0.0015 (valid BLEU 36.00, 3 seeds)",
+            "0.00075 (valid BLEU 38.00, 3 seeds)",
+        ],
+        [
+            "transformer with scaled_dot",
+            "0.0015 (valid BLEU 39.00, 3 seeds)",
+            "0.0015 (valid BLEU 39.00, 3 seeds)",
+        ],
+    ]
+    verdicts = rows(text.split("### The verdicts under both protocols\n", 1)[1].split("###", 1)[0])
+    assert verdicts[0] == [
+        "comparison",
+        "split",
+        "metric",
+        "one rate per architecture",
+        "each cell at its best rate",
+    ]
+    scores = {}
+    for folder in sorted(tuned_sweep.glob("*/results.json")):
+        run = read_run(folder.parent, folder.parent.name)
+        cell = (run.config["model"]["name"], run.config["model"]["attention"], run.config["trainer"]["lr"])
+        scores.setdefault(cell, {}).setdefault("BLEU", []).append(run.results["test"][SPLIT]["bleu"])
+        scores[cell].setdefault("chrF", []).append(run.results["test"][SPLIT]["chrf"])
+    protocols = {  # each protocol's rate per cell
+        "shared": {
+            ("rnn", "additive"): 8e-3,
+            ("rnn", "scaled_dot"): 8e-3,
+            ("transformer", "additive"): 1.5e-3,
+        },
+        "best": {("rnn", "additive"): 8e-3, ("rnn", "scaled_dot"): 4e-3, ("transformer", "additive"): 7.5e-4},
+    }
+    for protocol in protocols.values():
+        protocol[("transformer", "scaled_dot")] = 1.5e-3
+
+    def expected(first, second, factor, metric, rates):
+        a, b = scores[(*first, rates[first])][metric], scores[(*second, rates[second])][metric]
+        welch = welch_t_test(a, b)[2]
+        diff = statistics.fmean(b) - statistics.fmean(a)
+        what = f"{(second if diff > 0 else first)[factor]} higher" if welch < 0.05 else "no difference shown"
+        p = "< 0.001" if welch < 0.001 else f"= {welch:.3f}"
+        return f"{diff:+.2f}, p {p}: {what}"
+
+    found = {}
+    for _, first, second, factor in [
+        ("in rnn", ("rnn", "additive"), ("rnn", "scaled_dot"), 1),
+        ("in transformer", ("transformer", "additive"), ("transformer", "scaled_dot"), 1),
+        ("with additive attention", ("rnn", "additive"), ("transformer", "additive"), 0),
+        ("with scaled_dot attention", ("rnn", "scaled_dot"), ("transformer", "scaled_dot"), 0),
+    ]:
+        for metric in ("BLEU", "chrF"):
+            row = [expected(first, second, factor, metric, rates) for rates in protocols.values()]
+            found[(first, second, metric)] = row
+            assert [*row] in [r[3:] for r in verdicts[1:] if r[2] == metric]
+    assert len(verdicts) == 1 + 4 * 2  # 4 comparisons, 1 split, 2 metrics
+    # the rnn's verdict flips: scaled_dot behind at the family's rate, ahead at its own
+    shared, best = found[(("rnn", "additive"), ("rnn", "scaled_dot"), "BLEU")]
+    assert shared.startswith("-") and shared.endswith("additive higher")
+    assert best.startswith("+") and best.endswith("scaled_dot higher")
+    # each protocol's grid in full below, its test split under a level-4 heading
+    for title in ("One rate per architecture", "Each cell at its best rate"):
+        assert f"### {title}\n" in text
+    assert text.count(f"#### {SPLIT}\n") == 2
+
+
+def test_a_cell_that_differs_by_more_than_its_rate_is_no_grid_under_either_protocol():
+    from comparison.grid import grid_section
+    from comparison.protocols import by_rate, shared_rate_grid
+    from comparison.runs import groups_of
+
+    def runs(model, attention, rate, valid, *extra):
+        overrides = [f"model={model}", f"trainer.lr={rate}", *extra]
+        return [
+            in_memory_run(
+                f"{model}-{attention}-{rate}-{s}", [*overrides, f"seed={s}"], valid + s, 20.0 + s, attention
+            )
+            for s in (1, 2)
+        ]
+
+    rnn = runs("rnn", "additive", 8e-3, 30.0) + runs("rnn", "scaled_dot", 8e-3, 30.0)
+    rnn += runs("rnn", "additive", 4e-3, 40.0)  # two rates in the rnn's additive cell
+    transformer = runs("transformer", "additive", 1e-3, 30.0) + runs("transformer", "scaled_dot", 1e-3, 30.0)
+    lines = grid_section(groups_of(rnn + transformer), [SPLIT])
+    assert "### The rates" in lines and not any(line.startswith("No grid") for line in lines)
+    # the transformer's cells share no rate: no protocol of one rate per architecture
+    transformer = runs("transformer", "additive", 1e-3, 30.0) + runs("transformer", "scaled_dot", 2e-3, 30.0)
+    transformer += runs("transformer", "scaled_dot", 5e-4, 30.0)
+    lines = grid_section(groups_of(rnn + transformer), [SPLIT])
+    assert lines[-1] == (
+        "The cells were trained at several peak rates, but the cells of transformer were trained at "
+        "no rate in common: no protocol of one rate per architecture."
+    )
+    # a cell whose two configurations share their rate: something else differs
+    doubled = runs("rnn", "additive", 8e-3, 30.0)
+    assert by_rate([doubled, runs("rnn", "additive", 8e-3, 31.0)]) is None
+    assert shared_rate_grid({("rnn", "additive"): by_rate([doubled])})[0] == {("rnn", "additive"): doubled}
+
+
 @pytest.mark.slow
 def test_a_real_sweep_has_the_format_these_tests_write_and_compares(multi30k_slice, refs, tmp_path):
     """``train.py -m model=tiny_rnn seed=1,2`` (two tiny runs of 2 steps): one folder per job, one shared
