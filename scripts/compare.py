@@ -23,7 +23,10 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
   each test split's BLEU and chrF, the cell with the highest mean validation BLEU, and each
   factor's effect within each level of the other (the attention in each architecture, the
   architecture with each attention): the difference of the means, Welch's and the permutation
-  test's p, and what they show;
+  test's p, and what they show; when the cells were trained at several peak rates (``trainer.lr``,
+  nothing else differing within a cell), all of it under two protocols, one rate per architecture
+  (each family's schedule) and each cell at its best rate (both chosen on validation), with a table
+  of the verdicts under both side by side;
 - configurations with one seed, when others have 2+ (exploratory runs): their scores and cost,
   and whether their validation BLEU is below, within or above the seeds of each configuration of
   their model with 2+ seeds;
