@@ -99,21 +99,24 @@ def valid_choice(values: Dict[Cell, List[float]]) -> str:
 
 def effects(grid: Dict[Cell, List[Run]], split: str, factor: int) -> List[str]:
     """The effect of one factor (0: architecture, 1: attention) within each level of the other, on
-    ``split``: every cell of that level against its first (in the tables' order), per metric,
+    ``split``: every cell of that level against its first (``comparisons``), per metric,
     ``seeds_verdict``'s sentence (a level with one cell: nothing to compare)."""
-    fixed, lines = 1 - factor, []
-    for level in levels(list(grid), fixed):
+    lines, found = [], comparisons(grid)
+    for level in levels(list(grid), 1 - factor):
         row = line_of(grid, factor, level)
-        where = f"in {level}" if factor == 1 else f"with {level} attention"
         if len(row) < 2:
-            lines.append(f"- Nothing to compare {where}: {row[0][factor]} only.")
-            continue
-        for cell in row[1:]:
-            labels = (row[0][factor], cell[factor])
+            lines.append(f"- Nothing to compare {where_of(factor, level)}: {row[0][factor]} only.")
+        for where, first, cell, _ in (c for c in found if c[3] == factor and c[1] == row[0]):
+            labels = (first[factor], cell[factor])
             for metric, key in METRICS:
-                a, b = seed_scores(grid[row[0]], split, key), seed_scores(grid[cell], split, key)
+                a, b = seed_scores(grid[first], split, key), seed_scores(grid[cell], split, key)
                 lines.append(f"- {metric} {where}: {seeds_verdict(labels, metric, split, a, b)[1]}")
     return lines
+
+
+def where_of(factor: int, level: str) -> str:
+    """Where a factor's effect is seen: ``in rnn`` (the attention) or ``with additive attention``."""
+    return f"in {level}" if factor == 1 else f"with {level} attention"
 
 
 def line_of(grid: Dict[Cell, List[Run]], factor: int, level: str) -> List[Cell]:
@@ -124,8 +127,9 @@ def line_of(grid: Dict[Cell, List[Run]], factor: int, level: str) -> List[Cell]:
 
 
 def not_a_grid(groups: Sequence[List[Run]], cells: Dict[Cell, List[List[Run]]]) -> Optional[str]:
-    """Why the groups of 2+ seeds are no grid of the two factors (a cell holds several
-    configurations: something else differs too), None when they are one."""
+    """Why the groups of 2+ seeds are no grid of the two factors (``cells`` holds a cell of several
+    configurations that differ by more than their peak rate: something else differs too), None
+    when they are one."""
     crowded = [(cell, found) for cell, found in cells.items() if len(found) > 1]
     if not crowded:
         return None
@@ -145,8 +149,7 @@ def comparisons(grid: Dict[Cell, object]) -> List[Tuple[str, Cell, Cell, int]]:
     for factor in (1, 0):
         for level in levels(list(grid), 1 - factor):
             row = line_of(grid, factor, level)
-            where = f"in {level}" if factor == 1 else f"with {level} attention"
-            found += [(where, row[0], cell, factor) for cell in row[1:]]
+            found += [(where_of(factor, level), row[0], cell, factor) for cell in row[1:]]
     return found
 
 
@@ -173,36 +176,38 @@ def grid_body(grid: Dict[Cell, List[Run]], splits: Sequence[str], heading: str =
     return lines
 
 
-def protocols_body(cells: Dict[Cell, List[List[Run]]], splits: Sequence[str]) -> Optional[List[str]]:
-    """The grid under both learning-rate protocols (comparison/protocols.py) when the cells'
-    configurations differ by the peak rate only; None when something else differs too."""
+def protocols_body(cells: Dict[Cell, List[List[Run]]], splits: Sequence[str]) -> List[str]:
+    """The grid under the learning-rate protocols (comparison/protocols.py), its cells'
+    configurations differing by the peak rate only: both, or each cell at its best rate alone when
+    an architecture's cells share no rate."""
     found = {cell: by_rate(groups) for cell, groups in cells.items()}
-    if any(rates is None for rates in found.values()):
-        return None
     shared, why = shared_rate_grid(found)
-    if shared is None:
-        return [
-            f"The cells were trained at several peak rates, but {why}: no protocol of one rate per architecture."
-        ]
-    grids = [(SHARED, shared), (BEST, best_rate_grid(found))]
+    grids = [(SHARED, shared)] if shared is not None else []
+    grids.append((BEST, best_rate_grid(found)))
     lines = [
         "",
         "The cells were trained at several peak rates (`trainer.lr`; nothing else differs within a "
-        f"cell), so the grid is read under two protocols: *{SHARED}* (each family's schedule: the "
-        "rate all the cells of the architecture share; of several, the highest validation BLEU "
-        f"averaged over them) and *{BEST}* (its highest mean validation BLEU). Both choose on "
-        "validation only. A verdict that changes between them came from the tuning.",
+        "cell), so the grid is read under two protocols, each choosing one configuration a cell: "
+        f"*{SHARED}* (the rate all the architecture's cells were trained at, as a schedule tuned "
+        "once for the family trains them; of several, the highest validation BLEU averaged over "
+        f"the cells) and *{BEST}* (of the rates it was trained at, its highest mean validation "
+        "BLEU). Both choose on validation only. A verdict that changes between them depends on the "
+        "tuning.",
+    ]
+    if shared is None:
+        lines += ["", f"But {why}: no protocol of {SHARED}; the grid at {BEST} alone."]
+    lines += [
         "",
         "### The rates",
         "",
-        *rates_table(grids),
+        *rates_table(found, grids),
         "",
-        "### The verdicts under both protocols",
+        "### The verdicts",
         "",
-        "Each cell: the second minus the first, in the means over the seeds; Welch's p; what it shows "
-        f"(p < {SIGNIFICANT:g}).",
+        "Each entry: the second minus the first, in the means over the seeds; Welch's p; what it "
+        f"shows (p < {SIGNIFICANT:g}).",
         "",
-        *verdicts_table(grids, comparisons(shared), splits),
+        *verdicts_table(grids, comparisons(grids[0][1]), splits),
     ]
     for name, grid in grids:
         lines += ["", f"### {name[0].upper()}{name[1:]}", *grid_body(grid, splits, "####")]
@@ -215,19 +220,20 @@ def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str
     if not crossed(list(cells)):
         return []
     lines = ["", "## Architecture and attention", ""]
-    why = not_a_grid(groups, cells)
-    protocols = None if why is None else protocols_body(cells, splits)
-    if why is not None and protocols is None:
+    crowded = {cell: found for cell, found in cells.items() if len(found) > 1}
+    why = not_a_grid(groups, {cell: found for cell, found in crowded.items() if by_rate(found) is None})
+    if why is not None:
         return lines + [why]
     defaults = ", ".join(f"{name} {family.attention}" for name, family in FAMILIES.items())
+    one = "each protocol's" if crowded else "a"
     lines.append(
         "The runs cross two factors: the architecture (the `model` group) and the attention function "
-        f"(`model.attention` in each run's config; without it, its family's default: {defaults}). A "
-        "cell is a configuration with 2+ seeds: mean ± standard deviation over its seeds (their number "
-        "in brackets); configurations with one seed are in the next section. Each factor is "
-        "tested within each level of the other, every cell against the first of its row or column, "
-        "with the tests across seeds above (the verdict is Welch's; no seed pairs)."
+        f"(`model.attention` in each run's config; without it, its family's default: {defaults}). In "
+        f"{one} grid a cell is a configuration with 2+ seeds: mean ± standard deviation over its "
+        "seeds (their number in brackets); configurations with one seed are in the next section. "
+        "Each factor is tested within each level of the other, every cell against the first of its "
+        "row or column, with the tests across seeds above (the verdict is Welch's; no seed pairs)."
     )
-    if protocols is not None:
-        return lines + protocols
+    if crowded:
+        return lines + protocols_body(cells, splits)
     return lines + grid_body({cell: found[0] for cell, found in cells.items()}, splits)

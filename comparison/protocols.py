@@ -1,36 +1,34 @@
 """The grid under two learning-rate protocols, when its cells were trained at several peak rates
 (``trainer.lr``; nothing else differs within a cell):
 
-- *one rate per architecture*: each family's schedule, the rate that every cell of the architecture
-  was trained at (of several, the one with the highest validation BLEU averaged over the
-  architecture's cells): how a toolkit compares attention functions when it tunes the schedule
-  once, for its default cell;
-- *each cell at its best rate*: the rate of the cell's highest mean validation BLEU.
+- *one rate per architecture*: the rate that every cell of the architecture was trained at (of
+  several, the one with the highest validation BLEU averaged over the architecture's cells), as a
+  schedule tuned once for the family trains each of its cells;
+- *each cell at its best rate*: of the rates the cell was trained at, the one of its highest mean
+  validation BLEU.
 
-Both choose on validation only. A verdict that holds under the first and not the second came from
-the tuning, not from the attention function; the table of both side by side says which survive.
+Both choose on validation only. A verdict that changes between them depends on the tuning; one
+that holds under both does not (as far as the rates tried and the seeds can tell).
 """
 
-import math
 import statistics
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from comparison.formats import format_p
-from comparison.rates import curve_key, rate_of
+from comparison.rates import Curve, best_rate, curve_key, mean_valid, rate_of
 from comparison.runs import Run, seed_scores, valid_scores
-from comparison.significance import METRICS, SIGNIFICANT, seed_tests
+from comparison.significance import METRICS, seed_tests, welch_shows
 
 Cell = Tuple[str, str]  # (architecture, attention), as comparison/grid.py names a cell
 Grid = Dict[Cell, List[Run]]  # a cell -> the runs of its one configuration (a run a seed)
-Rates = Dict[float, List[Run]]  # a cell's configurations by their peak rate
 
 SHARED = "one rate per architecture"
 BEST = "each cell at its best rate"
 
 
-def by_rate(found: Sequence[List[Run]]) -> Optional[Rates]:
-    """A cell's configurations (groups of seeds) by their peak rate; None when something besides
-    the rate differs between them, or two of them share a rate."""
+def by_rate(found: Sequence[List[Run]]) -> Optional[Curve]:
+    """A cell's configurations (groups of seeds) by their peak rate, rising; None when something
+    besides the rate differs between them, or two of them share a rate."""
     if len({curve_key(group[0]) for group in found}) > 1:
         return None
     rates = {rate_of(group[0]): group for group in found}
@@ -39,49 +37,49 @@ def by_rate(found: Sequence[List[Run]]) -> Optional[Rates]:
     return dict(sorted(rates.items()))
 
 
-def mean_valid(runs: Sequence[Run]) -> float:
-    """The mean validation BLEU over the runs' seeds (-inf for none: never chosen)."""
-    scores = valid_scores(runs, "bleu")
-    return statistics.fmean(scores) if scores else -math.inf
+def best_rate_grid(cells: Dict[Cell, Curve]) -> Grid:
+    """Each cell at the rate of its highest mean validation BLEU (``rates.best_rate``)."""
+    return {cell: rates[best_rate(rates)[0]] for cell, rates in cells.items()}
 
 
-def best_rate_grid(cells: Dict[Cell, Rates]) -> Grid:
-    """Each cell at the rate of its highest mean validation BLEU (of equal means, the lowest rate)."""
-    return {cell: max(rates.values(), key=mean_valid) for cell, rates in cells.items()}
-
-
-def averaged(cells: Iterable[Rates], rate: float) -> float:
+def averaged(cells: Iterable[Curve], rate: float) -> float:
     """The validation BLEU at ``rate`` averaged over the cells (each cell its mean over seeds)."""
     return statistics.fmean(mean_valid(rates[rate]) for rates in cells)
 
 
-def shared_rate_grid(cells: Dict[Cell, Rates]) -> Tuple[Optional[Grid], str]:
+def shared_rate_grid(cells: Dict[Cell, Curve]) -> Tuple[Optional[Grid], str]:
     """Each architecture's cells at the one rate they were all trained at (of several, the highest
-    validation BLEU averaged over the cells; of equal averages, the lowest rate), and ``""``; or
-    ``(None, why not)`` when an architecture's cells share no rate."""
-    grid: Grid = {}
+    validation BLEU averaged over the cells; of equal averages, the lowest rate), in the cells'
+    order, and ``""``; or ``(None, why not)`` when an architecture's cells share no rate."""
+    chosen: Grid = {}
     for architecture in dict.fromkeys(cell[0] for cell in cells):
         mine = {cell: rates for cell, rates in cells.items() if cell[0] == architecture}
         shared = sorted(set.intersection(*(set(rates) for rates in mine.values())))
         if not shared:
             return None, f"the cells of {architecture} were trained at no rate in common"
         rate = max(shared, key=lambda rate: averaged(mine.values(), rate))
-        grid.update({cell: rates[rate] for cell, rates in mine.items()})
-    return grid, ""
+        chosen.update({cell: rates[rate] for cell, rates in mine.items()})
+    return {cell: chosen[cell] for cell in cells}, ""
 
 
-def rates_table(grids: Sequence[Tuple[str, Grid]]) -> List[str]:
-    """A row per cell: under each protocol its peak rate and the mean validation BLEU there."""
+def chosen_text(runs: Sequence[Run]) -> str:
+    """A chosen configuration: its rate and its mean validation BLEU over its seeds."""
+    scores = valid_scores(runs, "bleu")
+    valid = f"valid BLEU {statistics.fmean(scores):.2f}, {len(scores)} seeds" if scores else "no valid BLEU"
+    return f"{rate_of(runs[0]):g} ({valid})"
+
+
+def rates_table(cells: Dict[Cell, Curve], grids: Sequence[Tuple[str, Grid]]) -> List[str]:
+    """A row per cell: the rates it was trained at, and under each protocol the rate chosen with its
+    mean validation BLEU."""
     lines = [
-        "| cell | " + " | ".join(name for name, _ in grids) + " |",
-        "| --- | " + " | ".join(["---"] * len(grids)) + " |",
+        "| cell | rates trained | " + " | ".join(name for name, _ in grids) + " |",
+        "| --- | --- | " + " | ".join(["---"] * len(grids)) + " |",
     ]
-    for cell in grids[0][1]:
-        found = [grid[cell] for _, grid in grids]
-        chosen = [
-            f"{rate_of(runs[0]):g} (valid BLEU {mean_valid(runs):.2f}, {len(runs)} seeds)" for runs in found
-        ]
-        lines.append(f"| {cell[0]} with {cell[1]} | " + " | ".join(chosen) + " |")
+    for cell, rates in cells.items():
+        tried = ", ".join(f"{rate:g}" for rate in rates)
+        chosen = [chosen_text(grid[cell]) for _, grid in grids]
+        lines.append(f"| {cell[0]} with {cell[1]} | {tried} | " + " | ".join(chosen) + " |")
     return lines
 
 
@@ -91,8 +89,7 @@ def verdict_cell(labels: Tuple[str, str], a: Sequence[float], b: Sequence[float]
         return "fewer than 2 seeds: no test"
     welch = seed_tests(a, b).welch_p
     diff = statistics.fmean(b) - statistics.fmean(a)
-    shown = not math.isnan(welch) and welch < SIGNIFICANT
-    what = f"{labels[1] if diff > 0 else labels[0]} higher" if shown else "no difference shown"
+    what = f"{labels[1] if diff > 0 else labels[0]} higher" if welch_shows(welch) else "no difference shown"
     p = format_p(welch)
     return f"{diff:+.2f}, p {p if p.startswith('<') else '= ' + p}: {what}"
 

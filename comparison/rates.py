@@ -7,6 +7,7 @@ a line per configuration.
 """
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -16,7 +17,7 @@ from common.files import AtomicFile
 from common.settings import flatten
 from comparison.curves import run_events
 from comparison.formats import format_score
-from comparison.runs import NOT_A_SETTING, Run
+from comparison.runs import NOT_A_SETTING, Run, valid_scores
 
 Curve = Dict[float, List[Run]]  # the peak rate -> its runs (one a seed)
 
@@ -74,10 +75,16 @@ def cross_entropy(run: Run) -> Optional[Entropy]:
     return Entropy(statistics.fmean(layers), min(heads)) if layers else None
 
 
+def mean_valid(runs: Sequence[Run]) -> float:
+    """The mean validation BLEU over the runs' seeds (-inf for none: never the best)."""
+    scores = valid_scores(runs, "bleu")
+    return statistics.fmean(scores) if scores else -math.inf
+
+
 def best_rate(curve: Curve) -> Tuple[float, bool]:
-    """The rate of the highest mean validation BLEU, and whether it lies inside the range."""
-    means = {rate: statistics.fmean(r.results["valid"]["bleu"] for r in runs) for rate, runs in curve.items()}
-    best = max(means, key=means.get)
+    """The rate of the highest mean validation BLEU (of equal means, the lowest rate), and whether
+    it lies inside the range."""
+    best = max(sorted(curve), key=lambda rate: mean_valid(curve[rate]))
     return best, min(curve) < best < max(curve)
 
 

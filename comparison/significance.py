@@ -122,6 +122,11 @@ def seed_pair_rows(
     return lines, found
 
 
+def welch_shows(welch_p: float) -> bool:
+    """Whether Welch's p shows a difference (the verdict's test: p < ``SIGNIFICANT``)."""
+    return not math.isnan(welch_p) and welch_p < SIGNIFICANT
+
+
 def verdict(
     labels: Tuple[str, str],
     metric: str,
@@ -140,7 +145,7 @@ def verdict(
         f"{labels[1]} - {labels[0]}: {diff:+.2f} {metric} (mean over {format_seeds(len(a), len(b))}); "
         f"Welch p = {format_p(welch_p)}, permutation p = {format_p(permutation_p)}: "
     )
-    if not math.isnan(welch_p) and welch_p < SIGNIFICANT:
+    if welch_shows(welch_p):
         text += f"{leader}'s mean is higher across seeds (Welch p < {SIGNIFICANT:g})"
     else:
         text += f"no difference shown with {format_seeds(len(a), len(b))}"
