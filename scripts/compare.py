@@ -25,8 +25,8 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
   architecture with each attention): the difference of the means, Welch's and the permutation
   test's p, and what they show; when the cells were trained at several peak rates (``trainer.lr``,
   nothing else differing within a cell), all of it under two protocols, one rate per architecture
-  (each family's schedule) and each cell at its best rate (both chosen on validation), with a table
-  of the verdicts under both side by side;
+  (the rate all its cells were trained at) and each cell at its best rate (both chosen on
+  validation), with a table of the verdicts under both side by side;
 - configurations with one seed, when others have 2+ (exploratory runs): their scores and cost,
   and whether their validation BLEU is below, within or above the seeds of each configuration of
   their model with 2+ seeds;
