@@ -18,6 +18,7 @@ from comparison.protocols import (
     shared_rate_grid,
     verdicts_table,
 )
+from comparison.rates import rate_of
 from comparison.runs import Run, group_labels, seed_scores, valid_scores
 from comparison.significance import METRICS, SIGNIFICANT, seeds_verdict
 from models.config import FAMILIES  # plain dataclasses: no torch
@@ -236,4 +237,17 @@ def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str
     )
     if crowded:
         return lines + protocols_body(cells, splits)
-    return lines + grid_body({cell: found[0] for cell, found in cells.items()}, splits)
+    grid = {cell: found[0] for cell, found in cells.items()}
+    return lines + rates_apart(grid) + grid_body(grid, splits)
+
+
+def rates_apart(grid: Dict[Cell, List[Run]]) -> List[str]:
+    """A line per architecture whose cells were trained at different peak rates: its attention
+    functions are then compared each at its own rate, not under one schedule."""
+    lines = []
+    for architecture in levels(list(grid), 0):
+        rates = {cell[1]: rate_of(runs[0]) for cell, runs in grid.items() if cell[0] == architecture}
+        if None not in rates.values() and len(set(rates.values())) > 1:
+            each = ", ".join(f"{attention} {rate:g}" for attention, rate in rates.items())
+            lines += ["", f"The cells of {architecture} were trained at different peak rates ({each})."]
+    return lines

@@ -1108,6 +1108,10 @@ def test_no_grid_section_for_runs_that_do_not_cross_architecture_and_attention(r
     crowded = groups_of(full + runs(("rnn", "additive", ["model.dropout=0.5"])))
     lines = grid_section(crowded, [SPLIT])
     assert lines[-1].startswith("No grid: rnn with additive attention is 2 configurations with 2+ seeds (")
+    # one configuration a cell, the transformer's at two rates: said above the tables
+    apart = groups_of(runs(*grid) + runs(("transformer", "scaled_dot", ["trainer.lr=0.002"])))
+    said = "The cells of transformer were trained at different peak rates (additive 0.001, scaled_dot 0.002)."
+    assert said in grid_section(apart, [SPLIT]) and said not in grid_section(groups_of(full), [SPLIT])
     # the same with another rate instead: the grid under the protocols of learning rates, below
     retuned = groups_of(full + runs(("rnn", "additive", ["trainer.lr=0.004"])))
     assert "### The rates" in grid_section(retuned, [SPLIT])
