@@ -1,7 +1,9 @@
 """Two factors crossed: the architecture (the ``model`` group) and the attention function
 (``model.attention``), as ``conf/experiment/attention_grid.yaml`` sweeps them. When the groups of
 2+ seeds fill a 2 x 2 of them, the report's section: per cell the mean ± std over the seeds, and
-each factor's effect within each level of the other, tested across seeds (significance.py).
+each factor's effect within each level of the other, tested across seeds (significance.py). A
+grid whose cells were trained at several peak rates is read under the protocols of
+comparison/protocols.py.
 """
 
 import itertools
@@ -12,6 +14,7 @@ from comparison.formats import format_mean_std
 from comparison.protocols import (
     BEST,
     SHARED,
+    Cell,
     best_rate_grid,
     by_rate,
     rates_table,
@@ -22,8 +25,6 @@ from comparison.rates import rate_of
 from comparison.runs import Run, group_labels, seed_scores, valid_scores
 from comparison.significance import METRICS, SIGNIFICANT, seeds_verdict
 from models.config import FAMILIES  # plain dataclasses: no torch
-
-Cell = Tuple[str, str]  # (architecture, attention)
 
 
 def attention_of(run: Run) -> str:
@@ -196,7 +197,7 @@ def protocols_body(cells: Dict[Cell, List[List[Run]]], splits: Sequence[str]) ->
         "tuning.",
     ]
     if shared is None:
-        lines += ["", f"But {why}: no protocol of {SHARED}; the grid at {BEST} alone."]
+        lines += ["", f"But {why}: no protocol of {SHARED}; the grid is read with {BEST} only."]
     lines += [
         "",
         "### The rates",
@@ -225,8 +226,15 @@ def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str
     why = not_a_grid(groups, {cell: found for cell, found in crowded.items() if by_rate(found) is None})
     if why is not None:
         return lines + [why]
+    unrated = [cell for cell, found in cells.items() if by_rate(found) is None]
+    if crowded and unrated:
+        architecture, attention = unrated[0]
+        return lines + [
+            f"No grid: some cells were trained at several peak rates, but {architecture} with "
+            f"{attention} attention has no `trainer.lr` in its config to compare them by."
+        ]
     defaults = ", ".join(f"{name} {family.attention}" for name, family in FAMILIES.items())
-    one = "each protocol's" if crowded else "a"
+    one = "each protocol's" if crowded else "the"
     lines.append(
         "The runs cross two factors: the architecture (the `model` group) and the attention function "
         f"(`model.attention` in each run's config; without it, its family's default: {defaults}). In "

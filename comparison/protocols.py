@@ -17,9 +17,9 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from comparison.formats import format_p
 from comparison.rates import Curve, best_rate, curve_key, mean_valid, rate_of
 from comparison.runs import Run, seed_scores, valid_scores
-from comparison.significance import METRICS, seed_tests, welch_shows
+from comparison.significance import METRICS, difference, seed_tests, welch_shows
 
-Cell = Tuple[str, str]  # (architecture, attention), as comparison/grid.py names a cell
+Cell = Tuple[str, str]  # a cell of the grid: (architecture, attention)
 Grid = Dict[Cell, List[Run]]  # a cell -> the runs of its one configuration (a run a seed)
 
 SHARED = "one rate per architecture"
@@ -64,8 +64,8 @@ def shared_rate_grid(cells: Dict[Cell, Curve]) -> Tuple[Optional[Grid], str]:
 
 def chosen_text(runs: Sequence[Run]) -> str:
     """A chosen configuration: its rate and its mean validation BLEU over its seeds."""
-    scores = valid_scores(runs, "bleu")
-    valid = f"valid BLEU {statistics.fmean(scores):.2f}, {len(scores)} seeds" if scores else "no valid BLEU"
+    seeds = len(valid_scores(runs, "bleu"))
+    valid = f"valid BLEU {mean_valid(runs):.2f}, {seeds} seeds" if seeds else "no valid BLEU"
     return f"{rate_of(runs[0]):g} ({valid})"
 
 
@@ -88,8 +88,8 @@ def verdict_cell(labels: Tuple[str, str], a: Sequence[float], b: Sequence[float]
     if len(a) < 2 or len(b) < 2:
         return "fewer than 2 seeds: no test"
     welch = seed_tests(a, b).welch_p
-    diff = statistics.fmean(b) - statistics.fmean(a)
-    what = f"{labels[1] if diff > 0 else labels[0]} higher" if welch_shows(welch) else "no difference shown"
+    diff, leader = difference(labels, a, b)
+    what = f"{leader} higher" if welch_shows(welch) else "no difference shown"
     p = format_p(welch)
     return f"{diff:+.2f}, p {p if p.startswith('<') else '= ' + p}: {what}"
 

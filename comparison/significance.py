@@ -122,6 +122,12 @@ def seed_pair_rows(
     return lines, found
 
 
+def difference(labels: Tuple[str, str], a: Sequence[float], b: Sequence[float]) -> Tuple[float, str]:
+    """The mean of ``b`` minus the mean of ``a``, and the label of the higher mean."""
+    diff = statistics.fmean(b) - statistics.fmean(a)
+    return diff, labels[1] if diff > 0 else labels[0]
+
+
 def welch_shows(welch_p: float) -> bool:
     """Whether Welch's p shows a difference (the verdict's test: p < ``SIGNIFICANT``)."""
     return not math.isnan(welch_p) and welch_p < SIGNIFICANT
@@ -139,8 +145,7 @@ def verdict(
     """One sentence: the difference of the means, what the tests across seeds show, and how the
     seed pairs went. Welch's t-test decides (p < 0.05); the permutation test is reported beside it as
     a check that assumes no distribution (with few seeds it cannot reach 0.05 at all)."""
-    diff = statistics.fmean(b) - statistics.fmean(a)
-    leader = labels[1] if diff > 0 else labels[0]
+    diff, leader = difference(labels, a, b)
     text = (
         f"{labels[1]} - {labels[0]}: {diff:+.2f} {metric} (mean over {format_seeds(len(a), len(b))}); "
         f"Welch p = {format_p(welch_p)}, permutation p = {format_p(permutation_p)}: "

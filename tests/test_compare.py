@@ -782,7 +782,7 @@ def test_the_figure_has_a_panel_per_axis_with_the_mean_and_band_of_each_group(se
 def in_memory_run(name, overrides, valid=None, test=None, attention=None):
     """A ``Run`` without a folder: its config the model of ``overrides`` with ``attention`` (None:
     no such key, a config from before it) and their ``model.*`` keys, their seed and trainer.lr
-    (default 0.001, the trainer's default here); its results the validation
+    (default 0.001, one rate for every cell; ``trainer.lr=none``: no such key); its results the validation
     BLEU ``valid`` and the test BLEU ``test`` (chrF 20 above it)."""
     from pathlib import Path
 
@@ -792,7 +792,11 @@ def in_memory_run(name, overrides, valid=None, test=None, attention=None):
     model = {"name": values["model"], **({"attention": attention} if attention else {})}
     model.update({key[len("model.") :]: value for key, value in values.items() if key.startswith("model.")})
     lr = values.get("trainer.lr", "0.001")
-    config = {"model": model, "seed": int(values.get("seed", 1)), "trainer": {"lr": lr}}
+    config = {
+        "model": model,
+        "seed": int(values.get("seed", 1)),
+        "trainer": {} if lr == "none" else {"lr": lr},
+    }
     scores = {} if test is None else {SPLIT: {"bleu": test, "chrf": test + 20}}
     results = {"model": model["name"], "valid": {"bleu": valid}, "test": scores}
     results.update(train_seconds=600.0, train_tokens_per_second=2000.0)
@@ -1112,6 +1116,16 @@ def test_no_grid_section_for_runs_that_do_not_cross_architecture_and_attention(r
     apart = groups_of(runs(*grid) + runs(("transformer", "scaled_dot", ["trainer.lr=0.002"])))
     said = "The cells of transformer were trained at different peak rates (additive 0.001, scaled_dot 0.002)."
     assert said in grid_section(apart, [SPLIT]) and said not in grid_section(groups_of(full), [SPLIT])
+    # a config without a rate (a run from before the key) says nothing of rates
+    unrated = groups_of(runs(*grid) + runs(("transformer", "scaled_dot", ["trainer.lr=none"])))
+    assert not any("different peak rates" in line for line in grid_section(unrated, [SPLIT]))
+    # ... and gives no protocols when another cell was trained at several rates
+    retuned_rnn = runs(*grid, ("rnn", "additive", ["trainer.lr=0.004"]))
+    both = groups_of(retuned_rnn + runs(("transformer", "scaled_dot", ["trainer.lr=none"])))
+    assert grid_section(both, [SPLIT])[-1] == (
+        "No grid: some cells were trained at several peak rates, but transformer with scaled_dot "
+        "attention has no `trainer.lr` in its config to compare them by."
+    )
     # the same with another rate instead: the grid under the protocols of learning rates, below
     retuned = groups_of(full + runs(("rnn", "additive", ["trainer.lr=0.004"])))
     assert "### The rates" in grid_section(retuned, [SPLIT])
@@ -1248,7 +1262,7 @@ def test_the_protocols_of_rates_need_cells_that_differ_by_their_rate_only():
     lines = grid_section(groups_of(rnn + other), [SPLIT])
     assert (
         "But the cells of transformer were trained at no rate in common: no protocol of one rate per "
-        "architecture; the grid at each cell at its best rate alone."
+        "architecture; the grid is read with each cell at its best rate only."
     ) in lines
     assert "### Each cell at its best rate" in lines and "### One rate per architecture" not in lines
     # a cell whose configurations differ by more than their rate is named, not the one that differs
