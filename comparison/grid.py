@@ -21,7 +21,7 @@ from comparison.protocols import (
     shared_rate_grid,
     verdicts_table,
 )
-from comparison.rates import rate_of
+from comparison.rates import Curve, rate_of
 from comparison.runs import Run, group_labels, seed_scores, valid_scores
 from comparison.significance import METRICS, SIGNIFICANT, seeds_verdict
 from models.config import FAMILIES  # plain dataclasses: no torch
@@ -178,11 +178,10 @@ def grid_body(grid: Dict[Cell, List[Run]], splits: Sequence[str], heading: str =
     return lines
 
 
-def protocols_body(cells: Dict[Cell, List[List[Run]]], splits: Sequence[str]) -> List[str]:
-    """The grid under the learning-rate protocols (comparison/protocols.py), its cells'
-    configurations differing by the peak rate only: both, or each cell at its best rate alone when
+def protocols_body(found: Dict[Cell, Curve], splits: Sequence[str]) -> List[str]:
+    """The grid under the learning-rate protocols (comparison/protocols.py), each cell's
+    configurations by their peak rate (``by_rate``): both, or each cell at its best rate alone when
     an architecture's cells share no rate."""
-    found = {cell: by_rate(groups) for cell, groups in cells.items()}
     shared, why = shared_rate_grid(found)
     grids = [(SHARED, shared)] if shared is not None else []
     grids.append((BEST, best_rate_grid(found)))
@@ -223,10 +222,11 @@ def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str
         return []
     lines = ["", "## Architecture and attention", ""]
     crowded = {cell: found for cell, found in cells.items() if len(found) > 1}
-    why = not_a_grid(groups, {cell: found for cell, found in crowded.items() if by_rate(found) is None})
+    rated = {cell: by_rate(found) for cell, found in cells.items()}
+    why = not_a_grid(groups, {cell: found for cell, found in crowded.items() if rated[cell] is None})
     if why is not None:
         return lines + [why]
-    unrated = [cell for cell, found in cells.items() if by_rate(found) is None]
+    unrated = [cell for cell, rates in rated.items() if rates is None]
     if crowded and unrated:
         architecture, attention = unrated[0]
         return lines + [
@@ -244,7 +244,7 @@ def grid_section(groups: Sequence[List[Run]], splits: Sequence[str]) -> List[str
         "row or column, with the tests across seeds above (the verdict is Welch's; no seed pairs)."
     )
     if crowded:
-        return lines + protocols_body(cells, splits)
+        return lines + protocols_body(rated, splits)
     grid = {cell: found[0] for cell, found in cells.items()}
     return lines + rates_apart(grid) + grid_body(grid, splits)
 
