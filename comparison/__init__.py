@@ -5,6 +5,9 @@
 - significance.py: the paired bootstrap of runs, and the comparison of groups of seeds;
 - curves.py: validation curves from TensorBoard events, their values and their mean over seeds;
 - budgets.py: validation BLEU at equal training time and at equal epochs;
+- rates.py: the learning-rate curves, a configuration trained at several peak rates; protocols.py:
+  the grid read at one rate per architecture and at each cell's best rate; proxy.py: whether a
+  short budget ranks the rates as full runs do;
 - grid.py: the grid of two factors, architecture and attention function, and each one's effect;
 - figure.py: ``comparison.png``;
 - ensembles.py: ensembles of finished runs decoded and scored next to their members (this one

@@ -12,6 +12,7 @@ from comparison.budgets import budget_sections
 from comparison.curves import Curves
 from comparison.formats import format_mean_std, format_minutes, format_score
 from comparison.grid import grid_section
+from comparison.proxy import proxy_section
 from comparison.rates import Entropy, rate_curves, rates_section
 from comparison.runs import Run, group_labels, groups_of, test_splits, valid_scores
 from comparison.significance import across_seeds_section, paired_bootstrap, significance_table
@@ -175,7 +176,9 @@ def report(
         lines += across_seeds_section(groups, split, samples)
     lines += grid_section(groups, splits)
     lines += single_seed_section(groups, splits)
-    lines += rates_section(rate_curves(runs), entropy or {})
+    rates = rate_curves(runs)
+    lines += rates_section(rates, entropy or {})
+    lines += proxy_section(rates)
     if curves is not None:
         lines += budget_sections(groups, curves, minutes_step)
     return "\n".join(lines) + "\n"

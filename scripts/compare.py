@@ -39,7 +39,9 @@ it to ``comparison.md``, with ``comparison.png`` beside it:
   (``+experiment=attention_lr``): per configuration and rate the validation BLEU of each seed
   and their mean, the cross-attention's entropy at the last evaluation (with the collapsed
   runs), and the best rate, said to lie inside the range or at an end of it; the figure
-  ``learning_rates.png`` draws both against the rate, a line per configuration;
+  ``learning_rates.png`` draws both against the rate, a line per configuration; with curves of
+  one configuration at several budgets (a 3-epoch sweep and full runs), whether the shorter budget
+  chooses the longer one's best rate and orders the pairs of rates as it does;
 - ``comparison.png``: validation BLEU against training minutes and against epochs, per group the
   mean over its seeds and a band from the lowest to the highest seed (one run: its curve), read
   from each run's TensorBoard event files (``valid/bleu`` and ``valid/train_seconds`` at each

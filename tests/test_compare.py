@@ -1409,3 +1409,59 @@ def test_the_attention_lr_experiment_fits_each_familys_schedule_to_3_epochs():
         assert cfg.trainer.schedule == default.trainer.schedule == "cosine"  # fitted to the 3 epochs
         assert cfg.hydra.sweep.dir.startswith("multirun/attention_lr/")
         assert dict(cfg.hydra.sweeper.params) == {"model.attention": "additive,scaled_dot", "seed": "1"}
+
+
+# (experiment, attention, rate, seed, best valid BLEU): the 3-epoch sweep and full runs (the
+# default 8 epochs) of both attentions; the full additive runs rank the two highest rates the other
+# way round
+PROXY_JOBS = [
+    ("attention_lr", "scaled_dot", "2e-3", 1, 20.0),
+    ("attention_lr", "scaled_dot", "4e-3", 1, 28.0),
+    ("attention_lr", "scaled_dot", "8e-3", 1, 24.0),
+    ("attention_grid", "scaled_dot", "4e-3", 1, 33.0),
+    ("attention_grid", "scaled_dot", "4e-3", 2, 31.0),
+    ("attention_grid", "scaled_dot", "8e-3", 1, 29.0),
+    ("attention_lr", "additive", "4e-3", 1, 30.0),
+    ("attention_lr", "additive", "8e-3", 1, 34.0),
+    ("attention_grid", "additive", "4e-3", 1, 38.0),
+    ("attention_grid", "additive", "8e-3", 1, 37.0),
+]
+
+
+def test_a_short_budget_is_checked_against_full_runs_for_the_rates_it_ranks(refs, tmp_path):
+    folder = tmp_path / "multirun"
+    for number, (experiment, attention, rate, seed, bleu) in enumerate(PROXY_JOBS):
+        overrides = [f"+experiment={experiment}", "model=rnn", f"model.attention={attention}"]
+        overrides += [f"trainer.lr={rate}", f"seed={seed}"]
+        steps = 6 if experiment == "attention_lr" else 16  # results.json's steps: the budgets' order
+        curve = ((steps // 2, 30.0, bleu - 5), (steps, 66.0, bleu))
+        write_run(sweep_job(folder, number, overrides), refs, refs, overrides, curve=curve)
+    code, out, err = compare(folder, "--bootstrap", 10, "--no-plot")
+    assert code == 0, err
+    scaled_dot, additive = section(out, "Does the short budget rank the rates as full runs do?").split(
+        "`rnn model.attention=additive`"
+    )
+    assert "`rnn model.attention=scaled_dot`" in scaled_dot
+    assert rows(scaled_dot) == [
+        ["peak lr", "valid BLEU, 3 epochs", "valid BLEU, 8 epochs"],
+        ["0.004", "**28.00** (1)", "**32.00** (2)"],  # 2e-3, trained at 3 epochs only, is left out
+        ["0.008", "24.00 (1)", "29.00 (1)"],
+    ]
+    assert (
+        "- 3 epochs and 8 epochs choose the same rate, 0.004; 1 of 1 pairs of rates ordered alike."
+        in scaled_dot
+    )
+    assert rows(additive) == [
+        ["peak lr", "valid BLEU, 3 epochs", "valid BLEU, 8 epochs"],
+        ["0.004", "30.00 (1)", "**38.00** (1)"],
+        ["0.008", "**34.00** (1)", "37.00 (1)"],
+    ]
+    assert "- 3 epochs chooses 0.008, 8 epochs 0.004: not a proxy here; 0 of 1 pairs" in additive
+
+
+def test_pairs_of_rates_are_ordered_alike_only_when_both_budgets_order_them_strictly():
+    from comparison.proxy import pairs_alike
+
+    assert pairs_alike([1.0, 2.0, 3.0], [10.0, 30.0, 20.0]) == (2, 3)
+    assert pairs_alike([1.0, 1.0], [1.0, 2.0]) == (0, 1)  # a tie at the short budget decides nothing
+    assert pairs_alike([3.0, 2.0, 1.0], [6.0, 5.0, 4.0]) == (3, 3)
