@@ -1,117 +1,127 @@
 """A short budget as a proxy of full runs: a learning-rate sweep at a shortened budget
 (``+experiment=attention_lr``: 3 epochs) chooses rates for full runs, which it may do only if it
 ranks the rates as full runs do. Rate curves (``rates.rate_curves``) whose configurations differ by
-their training budget alone (``BUDGET``: epochs, steps, minutes, the schedule's length) are set side
-by side: at the rates trained at every budget, each budget's mean validation BLEU, its best rate, and
-how many pairs of rates it orders as the longest budget (the most steps) does.
+their training budget alone (``BUDGET``) are set side by side, each shorter budget against the
+longest (the most steps trained): at the rates both trained, each one's mean validation BLEU, the
+rate each ranks first, and how many pairs of rates the two order alike.
 """
 
-import json
-import statistics
 from itertools import combinations
 from typing import Dict, List, Sequence, Tuple
 
-from common.settings import flatten
 from comparison.formats import format_score
-from comparison.rates import Curve, mean_valid
-from comparison.runs import NOT_A_SETTING, Run
+from comparison.rates import Curve, best_rate, curve_key, curve_label, first_run, mean_valid
 
+# The trainer's keys that set how long a run trains (and its schedule's length): what a proxy changes.
 BUDGET = ("trainer.max_epochs", "trainer.max_steps", "trainer.max_minutes", "trainer.schedule_steps")
 UNITS = (("max_epochs", "epochs"), ("max_steps", "steps"), ("max_minutes", "minutes"))  # of ``trainer``
+NOT_RANKED = ("trainer.lr", *BUDGET, "experiment")  # the experiment sets the budget (attention_lr)
+
+Budgets = Dict[str, Curve]  # a configuration's curves by their budget's label, the shortest first
 
 
-def proxy_key(run: Run) -> str:
-    """The run's configuration but its seed, rate and budget: the curves of one comparison share it."""
-    settings = flatten(run.config or {})
-    ignored = (*NOT_A_SETTING, *BUDGET, "trainer.lr")
-    kept = {k: v for k, v in settings.items() if not k.startswith(ignored)}
-    return json.dumps(kept, sort_keys=True, default=str)
+def budget_label(curve: Curve) -> str:
+    """The curve's budget as its config sets it: ``3 epochs``, ``2000 steps`` (every limit set, and
+    the schedule's length when it is set apart from them)."""
+    trainer = (first_run(curve).config or {}).get("trainer") or {}
+    limits = [(trainer.get(key), unit) for key, unit in UNITS]
+    limits.append((trainer.get("schedule_steps"), "scheduled steps"))
+    shown = [
+        f"{v:g} {unit}" if isinstance(v, (int, float)) else f"{v} {unit}"
+        for v, unit in limits
+        if v is not None
+    ]
+    return ", ".join(shown) or "no limit"
 
 
-def budget_label(run: Run) -> str:
-    """The run's budget as its config sets it: ``3 epochs``, ``2000 steps`` (every limit set)."""
-    trainer = (run.config or {}).get("trainer") or {}
-    set_ = [f"{trainer[key]:g} {unit}" for key, unit in UNITS if trainer.get(key) is not None]
-    return ", ".join(set_) or "no limit"
+def longest_steps(curve: Curve) -> int:
+    """The most steps a run of the curve trained: the budgets' order (a run stopped early by its
+    patience trains fewer, the curve's longest does not)."""
+    return max(run.results["steps"] for runs in curve.values() for run in runs)
 
 
-def mean_steps(curve: Curve) -> float:
-    """The mean number of steps the curve's runs trained (the budgets' order)."""
-    return statistics.fmean(run.results.get("steps") or 0 for runs in curve.values() for run in runs)
-
-
-def budget_groups(curves: Dict[str, Curve]) -> List[Dict[str, Curve]]:
-    """Curves that differ by their budget alone, two budgets or more: each group's budget label ->
-    its curve, the longest budget (the most steps) last."""
-    groups: Dict[str, Dict[str, Curve]] = {}
-    for curve in curves.values():
-        first = next(iter(curve.values()))[0]
-        groups.setdefault(proxy_key(first), {})[budget_label(first)] = curve
-    found = [g for g in groups.values() if len(g) > 1]
-    return [dict(sorted(g.items(), key=lambda item: mean_steps(item[1]))) for g in found]
+def budget_groups(curves: Sequence[Curve]) -> List[Budgets]:
+    """Curves whose configurations differ by their budget alone, two budgets or more, each group
+    shortest first (curves of one budget and configuration are one curve: ``rate_curves``)."""
+    groups: Dict[str, List[Curve]] = {}
+    for curve in curves:
+        groups.setdefault(curve_key(first_run(curve), BUDGET + ("trainer.lr",)), []).append(curve)
+    return [
+        {budget_label(curve): curve for curve in sorted(group, key=longest_steps)}
+        for group in groups.values()
+        if len(group) > 1
+    ]
 
 
 def pairs_alike(short: Sequence[float], full: Sequence[float]) -> Tuple[int, int]:
-    """Of every pair of rates, how many the two budgets order alike (a tie at either counts as
-    not alike), and how many pairs there are."""
+    """Of every pair of rates (``short`` and ``full``: the two budgets' means at the same rates, in
+    one order), how many the two order alike (a tie at either is not alike), and how many there are."""
     pairs = list(combinations(range(len(short)), 2))
     alike = sum((short[i] - short[j]) * (full[i] - full[j]) > 0 for i, j in pairs)
     return alike, len(pairs)
 
 
-def proxy_verdict(
-    budgets: Tuple[str, str], rates: Sequence[float], short: Sequence[float], full: Sequence[float]
-) -> str:
-    """A shorter budget against the longest (``budgets``: their labels): the best rate of each, and
-    the pairs of rates ordered alike."""
-    best, best_full = rates[short.index(max(short))], rates[full.index(max(full))]
-    alike, pairs = pairs_alike(short, full)
-    if best == best_full:
-        first = f"{budgets[0]} and {budgets[1]} choose the same rate, {best:g}"
-    else:
-        first = f"{budgets[0]} chooses {best:g}, {budgets[1]} {best_full:g}: not a proxy here"
-    return f"{first}; {alike} of {pairs} pairs of rates ordered alike."
+def at_rates(curve: Curve, rates: Sequence[float]) -> Curve:
+    """The curve at ``rates`` only."""
+    return {rate: curve[rate] for rate in rates}
+
+
+def proxy_verdict(labels: Tuple[str, str], short: Curve, full: Curve) -> str:
+    """A shorter budget against the longest (``labels``: theirs), at the rates both trained: the rate
+    each ranks first, the pairs of rates ordered alike, and the rate the shorter budget chose from
+    all its rates when the longest did not train it."""
+    rates = sorted(set(short) & set(full))
+    first, first_full = best_rate(at_rates(short, rates))[0], best_rate(at_rates(full, rates))[0]
+    alike, pairs = pairs_alike([mean_valid(short[r]) for r in rates], [mean_valid(full[r]) for r in rates])
+    proxy = first == first_full and alike == pairs
+    text = (
+        f"{labels[0]} ranks {first:g} first, {labels[1]} {first_full:g}; {alike} of {pairs} pairs of "
+        f"rates ordered alike: {'a proxy' if proxy else 'not a proxy'} at these rates"
+    )
+    chosen = best_rate(short)[0]
+    if chosen not in full:
+        text += f" (its best rate of all, {chosen:g}, was not trained at {labels[1]})"
+    if any(len(curve[r]) < 2 for curve in (short, full) for r in rates):
+        text += "; a single seed at some rate: a seed's spread can reorder rates close together"
+    return text + "."
+
+
+def proxy_table(budgets: Budgets, short: str, full: str) -> List[str]:
+    """The mean validation BLEU of two budgets at the rates both trained (the seeds in brackets),
+    the rate each ranks first in bold, and the verdict; a line instead when they share one rate."""
+    rates = sorted(set(budgets[short]) & set(budgets[full]))
+    if len(rates) < 2:
+        return [f"{short} and {full} share fewer than 2 rates: nothing to rank."]
+    lines = [f"| peak lr | valid BLEU, {short} | valid BLEU, {full} |", "| ---: | ---: | ---: |"]
+    firsts = [best_rate(at_rates(budgets[label], rates))[0] for label in (short, full)]
+    for rate in rates:
+        cells = []
+        for label, first in zip((short, full), firsts):
+            mark = "**" if rate == first else ""
+            runs = budgets[label][rate]
+            cells.append(f"{mark}{format_score(mean_valid(runs))}{mark} ({len(runs)})")
+        lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
+    return lines + ["", proxy_verdict((short, full), budgets[short], budgets[full])]
 
 
 def proxy_section(curves: Dict[str, Curve]) -> List[str]:
-    """The report's part of the learning-rate section: a table per configuration trained at several
-    budgets, at the rates every budget trained, and each shorter budget's verdict."""
-    groups = budget_groups(curves)
+    """The learning-rate section's part on budgets: per configuration trained at several budgets, a
+    table of each shorter budget against the longest."""
+    groups = budget_groups(list(curves.values()))
     if not groups:
         return []
     lines = [
         "",
         "### Does the short budget rank the rates as full runs do?",
         "",
-        "Configurations trained at several budgets (nothing else differing): at the rates every "
-        "budget trained, the mean validation BLEU over the seeds (their number in brackets), the best "
-        "rate of each budget in bold. A shorter budget is a proxy of the longest where it chooses the "
-        "same rate and orders the pairs of rates alike.",
+        "Configurations trained at several budgets (nothing else differing), each shorter budget "
+        "against the longest: at the rates both trained, the mean validation BLEU over the seeds "
+        "(their number in brackets), the rate each ranks first in bold. The shorter budget is a proxy "
+        "where it ranks the same rate first and orders every pair of rates alike.",
     ]
-    for group in groups:
-        budgets = list(group)
-        shared = sorted(set.intersection(*(set(curve) for curve in group.values())))
-        first = next(iter(next(iter(group.values())).values()))[0]
-        lines += ["", f"`{' '.join([first.model_name(), *proxy_settings(first)])}`", ""]
-        if len(shared) < 2:
-            lines.append("Fewer than 2 rates trained at every budget: nothing to rank.")
-            continue
-        means = {b: [mean_valid(group[b][rate]) for rate in shared] for b in budgets}
-        lines.append("| peak lr | " + " | ".join(f"valid BLEU, {b}" for b in budgets) + " |")
-        lines.append("| ---: | " + " | ".join(["---:"] * len(budgets)) + " |")
-        for i, rate in enumerate(shared):
-            cells = []
-            for b in budgets:
-                mark = "**" if means[b][i] == max(means[b]) else ""
-                cells.append(f"{mark}{format_score(means[b][i])}{mark} ({len(group[b][rate])})")
-            lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
-        lines.append("")
-        longest = budgets[-1]
-        lines += [f"- {proxy_verdict((b, longest), shared, means[b], means[longest])}" for b in budgets[:-1]]
+    for budgets in groups:
+        labels = list(budgets)
+        lines += ["", f"`{curve_label(first_run(budgets[labels[-1]]), NOT_RANKED)}`"]
+        for short in labels[:-1]:
+            lines += [""] + proxy_table(budgets, short, labels[-1])
     return lines
-
-
-def proxy_settings(run: Run) -> List[str]:
-    """The run's overrides but its rate and budget (and the experiment, which sets the budget)."""
-    dropped = ("trainer.lr=", "+experiment=", *(f"{key}=" for key in BUDGET))
-    return [o for o in run.settings() if not o.startswith(dropped)]

@@ -17,7 +17,7 @@ from common.files import AtomicFile
 from common.settings import flatten
 from comparison.curves import run_events
 from comparison.formats import format_score
-from comparison.runs import NOT_A_SETTING, Run, valid_scores
+from comparison.runs import NOT_A_SETTING, Run, override_key, valid_scores
 
 Curve = Dict[float, List[Run]]  # the peak rate -> its runs (one a seed)
 
@@ -36,16 +36,22 @@ def rate_of(run: Run) -> Optional[float]:
     return None if value is None else float(value)
 
 
-def curve_key(run: Run) -> str:
-    """The run's configuration but its seed and rate: the runs of one curve share it."""
+def curve_key(run: Run, ignored: Sequence[str] = ("trainer.lr",)) -> str:
+    """The run's configuration but its seed and the ``ignored`` keys (the rate): the runs of one
+    curve share it."""
     settings = flatten(run.config or {})
-    kept = {k: v for k, v in settings.items() if not k.startswith(NOT_A_SETTING) and k != "trainer.lr"}
+    kept = {k: v for k, v in settings.items() if not k.startswith(NOT_A_SETTING) and k not in ignored}
     return json.dumps(kept, sort_keys=True, default=str)
 
 
-def curve_label(run: Run) -> str:
-    """The model and the overrides that make the configuration, but the rate."""
-    return " ".join([run.model_name(), *(o for o in run.settings() if not o.startswith("trainer.lr="))])
+def curve_label(run: Run, ignored: Sequence[str] = ("trainer.lr",)) -> str:
+    """The model and the overrides that make the configuration, but the ``ignored`` keys (the rate)."""
+    return " ".join([run.model_name(), *(o for o in run.settings() if override_key(o) not in ignored)])
+
+
+def first_run(curve: Curve) -> Run:
+    """A run of the curve (its first rate's first seed): what its runs share, they share with it."""
+    return next(iter(curve.values()))[0]
 
 
 def rate_curves(runs: Sequence[Run]) -> Dict[str, Curve]:

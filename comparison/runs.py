@@ -42,12 +42,12 @@ class Run:
         return [
             o
             for o in self.overrides
-            if not _override_key(o).startswith(NOT_A_SETTING) and _override_key(o) != "model"
+            if not override_key(o).startswith(NOT_A_SETTING) and override_key(o) != "model"
         ]
 
     def model_name(self) -> str:
         """The model config (``model=transformer_base``), else the family in results.json."""
-        chosen = [o.split("=", 1)[1] for o in self.overrides if _override_key(o) == "model"]
+        chosen = [o.split("=", 1)[1] for o in self.overrides if override_key(o) == "model"]
         return chosen[-1] if chosen else self.results["model"]
 
     def group_key(self) -> str:
@@ -57,7 +57,8 @@ class Run:
         return json.dumps(settings, sort_keys=True, default=str)
 
 
-def _override_key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The key an override sets (``+trainer.lr=3e-3`` -> ``trainer.lr``)."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
