@@ -15,7 +15,9 @@ from comparison.rates import Curve, best_rate, curve_key, curve_label, first_run
 # The trainer's keys that set how long a run trains (and its schedule's length): what a proxy changes.
 BUDGET = ("trainer.max_epochs", "trainer.max_steps", "trainer.max_minutes", "trainer.schedule_steps")
 UNITS = (("max_epochs", "epochs"), ("max_steps", "steps"), ("max_minutes", "minutes"))  # of ``trainer``
-NOT_RANKED = ("trainer.lr", *BUDGET, "experiment")  # the experiment sets the budget (attention_lr)
+# What the curves set side by side may differ by, as config keys (``curve_key``) and override keys
+# (``curve_label``): the rate, the budget, and the experiment that sets the budget (attention_lr).
+NOT_RANKED = ("trainer.lr", *BUDGET, "experiment")
 
 Budgets = Dict[str, Curve]  # a configuration's curves by their budget's label, the shortest first
 
@@ -45,7 +47,7 @@ def budget_groups(curves: Sequence[Curve]) -> List[Budgets]:
     shortest first (curves of one budget and configuration are one curve: ``rate_curves``)."""
     groups: Dict[str, List[Curve]] = {}
     for curve in curves:
-        groups.setdefault(curve_key(first_run(curve), BUDGET + ("trainer.lr",)), []).append(curve)
+        groups.setdefault(curve_key(first_run(curve), NOT_RANKED), []).append(curve)
     return [
         {budget_label(curve): curve for curve in sorted(group, key=longest_steps)}
         for group in groups.values()
@@ -66,12 +68,13 @@ def at_rates(curve: Curve, rates: Sequence[float]) -> Curve:
     return {rate: curve[rate] for rate in rates}
 
 
-def proxy_verdict(labels: Tuple[str, str], short: Curve, full: Curve) -> str:
-    """A shorter budget against the longest (``labels``: theirs), at the rates both trained: the rate
-    each ranks first, the pairs of rates ordered alike, and the rate the shorter budget chose from
-    all its rates when the longest did not train it."""
-    rates = sorted(set(short) & set(full))
-    first, first_full = best_rate(at_rates(short, rates))[0], best_rate(at_rates(full, rates))[0]
+def proxy_verdict(
+    labels: Tuple[str, str], short: Curve, full: Curve, rates: Sequence[float], firsts: Tuple[float, float]
+) -> str:
+    """A shorter budget against the longest (``labels``: theirs), at the ``rates`` both trained: the
+    rate each ranks first (``firsts``), the pairs of rates ordered alike, and the rate the shorter
+    budget chose from all its rates when the longest did not train it."""
+    first, first_full = firsts
     alike, pairs = pairs_alike([mean_valid(short[r]) for r in rates], [mean_valid(full[r]) for r in rates])
     proxy = first == first_full and alike == pairs
     text = (
@@ -93,7 +96,7 @@ def proxy_table(budgets: Budgets, short: str, full: str) -> List[str]:
     if len(rates) < 2:
         return [f"{short} and {full} share fewer than 2 rates: nothing to rank."]
     lines = [f"| peak lr | valid BLEU, {short} | valid BLEU, {full} |", "| ---: | ---: | ---: |"]
-    firsts = [best_rate(at_rates(budgets[label], rates))[0] for label in (short, full)]
+    firsts = (best_rate(at_rates(budgets[short], rates))[0], best_rate(at_rates(budgets[full], rates))[0])
     for rate in rates:
         cells = []
         for label, first in zip((short, full), firsts):
@@ -101,7 +104,7 @@ def proxy_table(budgets: Budgets, short: str, full: str) -> List[str]:
             runs = budgets[label][rate]
             cells.append(f"{mark}{format_score(mean_valid(runs))}{mark} ({len(runs)})")
         lines.append(f"| {rate:g} | " + " | ".join(cells) + " |")
-    return lines + ["", proxy_verdict((short, full), budgets[short], budgets[full])]
+    return lines + ["", proxy_verdict((short, full), budgets[short], budgets[full], rates, firsts)]
 
 
 def proxy_section(curves: Dict[str, Curve]) -> List[str]:
