@@ -378,7 +378,7 @@ SYNTHETIC_FAMILIES = {
         "trainer.schedule=constant",
         "trainer.warmup_steps=20",
         "trainer.batch_tokens=500",
-        "trainer.max_steps=400",
+        "trainer.max_steps=800",
     ],
 }  # each tiny model learns the reversal of tests/synthetic.py (test_synthetic.py), in seconds on one thread
 

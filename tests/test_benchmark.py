@@ -73,6 +73,29 @@ def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
     assert "beam 5, speed against ours: int8: below start-up noise" in table
 
 
+def test_a_reference_decoding_below_start_up_noise_gives_no_ratio_but_its_line():
+    """Where the first model's own decoding times below its start-up's noise, no ratio can be given
+    against it: the speed line says so (before, the line was left out)."""
+    rows = [
+        dict(model="ours", engine="torch", beam=5, startup_s=4.0, decode_s=-0.13, sentences_per_s=None),
+        dict(
+            model="int8",
+            engine="ctranslate2 int8",
+            beam=5,
+            startup_s=2.5,
+            decode_s=0.17,
+            sentences_per_s=179.9,
+        ),
+    ]
+    for row in rows:
+        row.update(tokens_per_s=300.0, peak_memory_mib=200, bleu=5.0)
+    result = dict(
+        split="test_2016_flickr", batch_size=64, device="cpu", threads=1, machine="x", date="d", rows=rows
+    )
+    table = load_script("benchmark").translate_table(result)
+    assert "beam 5, speed against ours: ours below start-up noise, no ratio" in table
+
+
 def test_epochs_benchmark_times_each_epoch_then_validation_and_test_decoding(multi30k_slice, tmp_path):
     out = tmp_path / "epochs"
     done = benchmark(

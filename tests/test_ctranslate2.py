@@ -9,6 +9,7 @@ weights have learned.
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -312,7 +313,11 @@ def test_translate_benchmark_compares_the_engines(checkpoint, exports, multi30k_
     ]
     assert all(r["sentences"] == 30 and r["peak_memory_mib"] > 50 and r["bleu"] >= 0 for r in rows)
     markdown = out.with_suffix(".md").read_text()
-    assert "| int8 | ctranslate2 int8 | 5 |" in markdown and "beam 5, speed against ours: int8: " in markdown
+    # a speed for int8, or, where our decoding of 30 sentences is below the start-up's spread, no ratio
+    assert "| int8 | ctranslate2 int8 | 5 |" in markdown
+    assert re.search(r"beam 5, speed against ours: (int8: |ours below start-up noise, no ratio)", markdown), (
+        markdown
+    )
 
 
 def test_auto_falls_back_to_the_cpu_where_the_engines_cuda_libraries_do_not_load(caplog):
