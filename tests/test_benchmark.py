@@ -49,6 +49,16 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     assert "| tiny_rnn | " in markdown and "sentences/s" in markdown and "| n/a |" in markdown
 
 
+def translate_table_of(rows):
+    """The translate benchmark's report of ``rows`` (timings as given, the other columns made up)."""
+    for row in rows:
+        row.update(tokens_per_s=300.0, peak_memory_mib=200, bleu=5.0)
+    result = dict(
+        split="test_2016_flickr", batch_size=64, device="cpu", threads=1, machine="x", date="d", rows=rows
+    )
+    return load_script("benchmark").translate_table(result)
+
+
 def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
     """On a slow machine a short decode can time below its start-up's noise (decode s <= 0): the
     speed line says so instead of leaving the model out."""
@@ -63,12 +73,7 @@ def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
             sentences_per_s=None,
         ),
     ]
-    for row in rows:
-        row.update(tokens_per_s=300.0, peak_memory_mib=200, bleu=5.0)
-    result = dict(
-        split="test_2016_flickr", batch_size=64, device="cpu", threads=1, machine="x", date="d", rows=rows
-    )
-    table = load_script("benchmark").translate_table(result)
+    table = translate_table_of(rows)
     assert "| int8 | ctranslate2 int8 | 5 | 2.10 | -0.20 | (below start-up noise) | - |" in table
     assert "beam 5, speed against ours: int8: below start-up noise" in table
 
@@ -87,12 +92,7 @@ def test_a_reference_decoding_below_start_up_noise_gives_no_ratio_but_its_line()
             sentences_per_s=179.9,
         ),
     ]
-    for row in rows:
-        row.update(tokens_per_s=300.0, peak_memory_mib=200, bleu=5.0)
-    result = dict(
-        split="test_2016_flickr", batch_size=64, device="cpu", threads=1, machine="x", date="d", rows=rows
-    )
-    table = load_script("benchmark").translate_table(result)
+    table = translate_table_of(rows)
     assert "beam 5, speed against ours: ours below start-up noise, no ratio" in table
 
 
