@@ -80,7 +80,7 @@ def test_a_decoding_time_below_start_up_noise_is_said_not_divided():
 
 def test_a_reference_decoding_below_start_up_noise_gives_no_ratio_but_its_line():
     """Where the first model's own decoding times below its start-up's noise, no ratio can be given
-    against it: the speed line says so (before, the line was left out)."""
+    against it: the speed line says so rather than being left out."""
     rows = [
         dict(model="ours", engine="torch", beam=5, startup_s=4.0, decode_s=-0.13, sentences_per_s=None),
         dict(
