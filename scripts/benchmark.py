@@ -585,16 +585,17 @@ def translate_table(result: Dict[str, Any]) -> str:
     first = result["rows"][0]["model"] if result["rows"] else None
     for beam in sorted({r["beam"] for r in result["rows"]}):
         same = {r["model"]: r["decode_s"] for r in result["rows"] if r["beam"] == beam}
-        if first in same and len(same) > 1:
-            others = {m: t for m, t in same.items() if m != first}
-            if same[first] > 0:
-                speedups = ", ".join(
-                    f"{m}: {same[first] / t:.2f}x" if t > 0 else f"{m}: below start-up noise"
-                    for m, t in others.items()
-                )
-            else:  # the reference's own decoding took less than its start-up's spread: no ratio to give
-                speedups = f"{first} below start-up noise, no ratio"
-            lines.append(f"\nbeam {beam}, speed against {first}: {speedups}")
+        if first not in same or len(same) < 2:
+            continue
+        if same[first] <= 0:  # the reference's own decoding took less than its start-up's spread
+            speedups = f"{first} below start-up noise, no ratio"
+        else:
+            speedups = ", ".join(
+                f"{m}: {same[first] / t:.2f}x" if t > 0 else f"{m}: below start-up noise"
+                for m, t in same.items()
+                if m != first
+            )
+        lines.append(f"\nbeam {beam}, speed against {first}: {speedups}")
     return "\n".join(lines) + "\n"
 
 
