@@ -1,7 +1,8 @@
 # Set-up and entry points. On a fresh clone `make test` builds .venv from requirements.txt, installs
 # the project into it (editable, pyproject.toml) and runs the tests; .venv is rebuilt when
 # requirements.txt changes or another PYTHON is asked for, the project reinstalled when pyproject.toml does.
-#   make test                          build/refresh .venv, then run pytest
+#   make test                          build/refresh .venv, then run pytest, one worker per core
+#   make test TEST_WORKERS=0           ... in one process (pytest-xdist's -n)
 #   make test PYTHON=python3.12        build .venv from another interpreter
 #   make test PYTEST_ARGS='-k masks'   pass options to pytest
 #   make test-fast                     the suite without the tests marked slow
@@ -18,6 +19,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 PYTEST_ARGS ?=
+TEST_WORKERS ?= auto
+# pytest-xdist: one worker per core, each test module on one worker (its module fixtures made once)
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 ARGS ?=
 # Whether PYTHON was chosen by the user (then a venv of another interpreter is rebuilt).
 PYTHON_EXPLICIT := $(if $(filter command line environment,$(origin PYTHON)),1,0)
@@ -32,10 +36,10 @@ train: venv
 	$(VPY) train.py $(ARGS)
 
 test: venv
-	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(VPY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: venv
-	$(VPY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(VPY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 test-kernels: venv
 	VPY=$(VPY) bash scripts/test_kernels.sh $(PYTEST_ARGS)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 from alignment.method import READINGS, parse_method
 
 # None of these imports torch: the command line is checked before torch and the models load.
+from common.progress_bar import progress_bar
 from data.errors import DataError
 from inference.command_line import Output, UsageError, check_model_path, read_input, show_warnings
 from inference.ctranslate2_export import ExportError
@@ -190,8 +191,11 @@ def interactive(translator: "Translator", out: Output, options: Dict[str, Any]) 
 
 
 def translate_all(translator: "Translator", out: Output, lines: List[str], options: Dict[str, Any]) -> None:
-    """Every input line (the arguments, the input file or piped standard input) into ``out``."""
-    out.write(0, lines, translator.translate(lines, **options))
+    """Every input line (the arguments, the input file or piped standard input) into ``out``; the
+    progress on standard error (a bar on a terminal)."""
+    with progress_bar(len(lines), "translating", "sentences") as bar:
+        results = translator.translate(lines, progress=bar.update, **options)
+    out.write(0, lines, results)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

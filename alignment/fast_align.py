@@ -35,6 +35,7 @@ from typing import Iterable, Iterator, List, Sequence, Tuple
 
 from alignment.scores import AlignmentError, Links
 from common.files import write_lines
+from common.progress_bar import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -107,15 +108,17 @@ def train_fast_align(
     corpus = work_dir / "corpus.txt"
     write_lines(corpus, lines)
     model = FastAlignModel(forward=work_dir / "forward.probs", backward=work_dir / "backward.probs")
-    systran_align.generate_alignment_probabilities(
-        str(corpus),
-        str(model.forward),
-        str(model.backward),
-        iterations=iterations,
-        favor_diagonal=True,  # -d
-        optimize_tension=True,  # -o
-        variational_bayes=True,  # -v
-    )
+    with progress_bar(1, f"fast_align: training on {len(lines)} pairs", "models") as bar:
+        systran_align.generate_alignment_probabilities(
+            str(corpus),
+            str(model.forward),
+            str(model.backward),
+            iterations=iterations,
+            favor_diagonal=True,  # -d
+            optimize_tension=True,  # -o
+            variational_bayes=True,  # -v
+        )
+        bar.update(1)
     return model
 
 
@@ -128,12 +131,14 @@ def aligned_pairs(
 
     check_pairs(src, tgt)
     aligner = systran_align.Aligner(str(model.forward), str(model.backward))
-    for s, t in zip(src, tgt):
-        yield (
-            frozenset(tuple(link) for link in aligner.align(list(s), list(t))["alignments"])
-            if s and t
-            else frozenset()
-        )
+    with progress_bar(len(src), "fast_align: aligning", "pairs") as bar:
+        for s, t in zip(src, tgt):
+            yield (
+                frozenset(tuple(link) for link in aligner.align(list(s), list(t))["alignments"])
+                if s and t
+                else frozenset()
+            )
+            bar.update(1)
 
 
 def align_pairs(

@@ -27,7 +27,7 @@ Shapes: ``L`` layers, ``H`` heads, ``T`` target pieces, ``S`` source pieces (EOS
 ``B`` sentences.
 """
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from alignment.method import Method
 from alignment.scores import Links
 from alignment.words import hard_alignment, word_attention
+from common.progress_bar import progress_bar
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from models.seq2seq import Attention
@@ -81,10 +82,14 @@ def cross_maps(model: nn.Module, src_ids: Sequence[List[int]], tgt_ids: Sequence
 
 
 def batched_cross_maps(
-    model: nn.Module, src_ids: Sequence[List[int]], tgt_ids: Sequence[List[int]], batch_size: int = 32
+    model: nn.Module,
+    src_ids: Sequence[List[int]],
+    tgt_ids: Sequence[List[int]],
+    batch_size: int = 32,
+    progress: Optional[Callable[[int], object]] = None,
 ) -> List[Tensor]:
     """``cross_maps`` of many sentences, ``batch_size`` of similar length at a time (little padding),
-    returned in their order."""
+    returned in their order; ``progress(n)`` is called as each batch of ``n`` is done."""
     order = sorted(range(len(src_ids)), key=lambda k: (len(tgt_ids[k]), len(src_ids[k])))
     maps: List[Tensor] = [None] * len(src_ids)  # type: ignore[list-item]
     for start in range(0, len(order), batch_size):
@@ -93,6 +98,8 @@ def batched_cross_maps(
             chunk, cross_maps(model, [src_ids[k] for k in chunk], [tgt_ids[k] for k in chunk])
         ):
             maps[k] = found
+        if progress is not None:
+            progress(len(chunk))
     return maps
 
 
@@ -113,11 +120,11 @@ def src_with_eos(ids: Sequence[List[int]]) -> List[List[int]]:
 def model_links(
     maps: List[Tensor], methods: Sequence[Method], src_pieces: List[List[str]], tgt_pieces: List[List[str]]
 ) -> Dict[Method, List[Links]]:
-    """Every method's links of every pair."""
-    return {
-        method: [
-            frozenset(word_links(method_map(m, method), s, t)[1])
-            for m, s, t in zip(maps, src_pieces, tgt_pieces)
-        ]
-        for method in methods
-    }
+    """Every method's links of every pair (the progress on standard error: one step a method)."""
+    links = {}
+    with progress_bar(len(methods), "word links", "methods") as bar:
+        for method in methods:
+            pairs = zip(maps, src_pieces, tgt_pieces)
+            links[method] = [frozenset(word_links(method_map(m, method), s, t)[1]) for m, s, t in pairs]
+            bar.update(1)
+    return links

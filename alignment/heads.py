@@ -22,11 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from data.batching import Batch, ParallelDataset
+from data.batching import Batch, ParallelDataset, ordered_batches
 from data.corpus import read_lines
 from data.specials import PAD_ID
 from data.tokenizer import Tokenizer
-from inference.decoding import ordered_batches
 from models.attention import masked_heads
 
 Key = Tuple[str, int, int]  # (kind, layer, head), layer and head 1-based

@@ -7,6 +7,7 @@ import math
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from common.progress_bar import progress_bar
 from comparison.formats import format_mean_std, format_p, format_score, format_seeds
 from comparison.runs import CompareError, Run, group_labels, score_of, seed_pairs, seed_scores
 from comparison.statistics import (
@@ -61,7 +62,10 @@ def bootstrap_systems(
     test = PairedTest(
         systems, {"BLEU": BLEU(), "chrF": CHRF()}, [references], test_type="bs", n_samples=samples
     )
-    signatures, scores = test()
+    what = f"paired bootstrap: {len(systems)} systems, {samples} resamples"
+    with progress_bar(1, what, "tests") as bar:  # sacrebleu resamples in one call: a bar of one step
+        signatures, scores = test()
+        bar.update(1)
     text = "; ".join(f"{name} `{sig}`" for name, sig in signatures.items())
     scores = {name: scores[key] for name, key in (("BLEU", "BLEU"), ("chrF", _metric_key(scores, "chrF")))}
     for metric in scores.values():

@@ -349,3 +349,11 @@ def padding_ratio(sampler: TokenBucketSampler) -> float:
     src, tgt = sampler.src_lengths[order], sampler.tgt_lengths[order]  # (N,)
     padded = int((sizes * (np.maximum.reduceat(src, starts) + np.maximum.reduceat(tgt, starts))).sum())
     return 1.0 - int(src.sum() + tgt.sum()) / padded
+
+
+def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Batch]:
+    """Length-sorted batches of a whole split (``Batch.indices`` restore the input order): what
+    decoding, validation and the attention statistics go through."""
+    sampler = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), batch_tokens, shuffle=False)
+    for indices in sampler:
+        yield dataset.batch(indices)

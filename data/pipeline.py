@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import sentencepiece as spm
 
+from common.progress_bar import progress_bar
 from data.batching import ParallelDataset, TokenBucketSampler, padding_ratio
 from data.config import DataConfig
 from data.corpus import TRAIN, VALID, Corpus, describe_source, eval_split_names
@@ -39,7 +40,6 @@ from data.tokenizer import SAMPLE, Tokenizer, build_tokenizer, spm_options
 log = logging.getLogger(__name__)
 
 CHUNK = 20_000  # pairs encoded at a time by one worker
-PROGRESS_SECONDS = 10.0  # a progress line this often while encoding
 
 
 @dataclass
@@ -214,27 +214,16 @@ def encode_train(writer: StoreWriter, text: TrainText, tokenizer: Tokenizer, max
 
 def write_train(sides, chunks, total: int, workers: int, max_len: int) -> int:
     """Append the encoded chunks to the training split's writers, without the pairs longer than
-    ``max_len`` on a side (their number is returned), logging the progress every 10 s."""
-    done = n_long = 0
-    start = last = time.perf_counter()
-    for chunk, src, tgt in chunks:
-        keep = keep_mask(src, tgt, max_len)  # (N,)
-        n_long += int(len(keep) - keep.sum())
-        kept = [pair for pair, ok in zip(chunk, keep.tolist()) if ok]
-        sides["src"].append(select(src, keep), [s for s, _ in kept])
-        sides["tgt"].append(select(tgt, keep), [t for _, t in kept])
-        done += len(chunk)
-        now = time.perf_counter()
-        if now - last >= PROGRESS_SECONDS:
-            log.info(
-                "encoding: %d of %d training pairs (%.0f%%), %.0f pairs/s on %d process(es)",
-                done,
-                total,
-                100 * done / total,
-                done / (now - start),
-                workers,
-            )
-            last = now
+    ``max_len`` on a side (their number is returned); the progress on standard error."""
+    n_long = 0
+    with progress_bar(total, f"encoding the training pairs on {workers} process(es)", "pairs") as bar:
+        for chunk, src, tgt in chunks:
+            keep = keep_mask(src, tgt, max_len)  # (N,)
+            n_long += int(len(keep) - keep.sum())
+            kept = [pair for pair, ok in zip(chunk, keep.tolist()) if ok]
+            sides["src"].append(select(src, keep), [s for s, _ in kept])
+            sides["tgt"].append(select(tgt, keep), [t for _, t in kept])
+            bar.update(len(chunk))
     return n_long
 
 

@@ -3,13 +3,13 @@ greedy search, its text (the Translator's ``detokenize``, so a split's text is `
 and the attention a model gives its own outputs."""
 
 from contextlib import nullcontext
-from typing import Dict, Iterator, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import nn
 
 from alignment.forced import forced_attention
-from data.batching import Batch, ParallelDataset, TokenBucketSampler
+from data.batching import ParallelDataset, ordered_batches
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
 from inference.translator import detokenize
@@ -27,13 +27,6 @@ def batch_tokens_for(device: torch.device, batch_tokens: int) -> int:
     return batch_tokens if device.type == "cpu" else max(batch_tokens, GPU_BATCH_TOKENS)
 
 
-def ordered_batches(dataset: ParallelDataset, batch_tokens: int) -> Iterator[Batch]:
-    """Length-sorted batches of a whole split (``Batch.indices`` restore the input order)."""
-    sampler = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), batch_tokens, shuffle=False)
-    for indices in sampler:
-        yield dataset.batch(indices)
-
-
 @torch.no_grad()
 def decode_ids(
     model: nn.Module,
@@ -43,9 +36,11 @@ def decode_ids(
     beam_size: int = 1,
     alpha: float = 1.0,
     autocast=nullcontext,
+    progress: Optional[Callable[[int], object]] = None,
 ) -> List[Hypothesis]:
     """The best hypothesis of every source sentence, in the split's order (greedy when ``beam_size`` is 1).
-    A ``beam_size`` or ``alpha`` out of range is a ``ValueError`` before anything is decoded."""
+    A ``beam_size`` or ``alpha`` out of range is a ``ValueError`` before anything is decoded.
+    ``progress(n)`` is called as each batch of ``n`` sentences is done (a progress bar's ``update``)."""
     # Greedy search has no length penalty: a run's (unused) trainer.length_penalty is not checked then.
     options = SearchOptions(beam_size=beam_size, alpha=alpha if beam_size > 1 else 0.0)
     model.eval()
@@ -57,6 +52,8 @@ def decode_ids(
             found = search(model, batch.src, batch.src_mask, BOS_ID, EOS_ID, options, pad_id=PAD_ID)
         for index, hyps in zip(batch.indices.tolist(), found):
             results[index] = hyps[0]
+        if progress is not None:
+            progress(len(found))
     return results
 
 
@@ -85,6 +82,8 @@ def translate_split(
     beam_size: int = 1,
     alpha: float = 1.0,
     autocast=nullcontext,
+    progress: Optional[Callable[[int], object]] = None,
 ) -> List[str]:
-    """Detokenized translations of a split, in its order."""
-    return detokenize(tokenizer, decode_ids(model, dataset, batch_tokens, device, beam_size, alpha, autocast))
+    """Detokenized translations of a split, in its order (``progress``: as ``decode_ids``)."""
+    found = decode_ids(model, dataset, batch_tokens, device, beam_size, alpha, autocast, progress)
+    return detokenize(tokenizer, found)

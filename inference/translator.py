@@ -23,7 +23,7 @@ model takes is cut, with a warning on the logger ``inference.translator``.
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -384,6 +384,7 @@ class Translator:
         max_len_extra: int = MAX_LEN_EXTRA,
         first_line: int = 1,
         tags: bool = False,
+        progress: Optional[Callable[[int], object]] = None,
     ) -> List[Translation]:
         """One ``Translation`` per sentence, in the input order, with its ``nbest`` best hypotheses.
 
@@ -395,8 +396,9 @@ class Translator:
         ``max_len_ratio`` x source tokens + ``max_len_extra``. Warnings name sentence ``i`` as line
         ``first_line + i``. ``tags``: the sentences hold inline markup (``inference/markup.py``),
         translated without it and carried into each hypothesis's text by its word alignment (the
-        ``alignment`` is of the words without tags). Bad arguments, and markup that is not well formed,
-        raise ``ValueError`` before anything is decoded.
+        ``alignment`` is of the words without tags). ``progress(n)`` is called as each batch of ``n``
+        sentences is done (a progress bar's ``update``). Bad arguments, and markup that is not well
+        formed, raise ``ValueError`` before anything is decoded.
         """
         if isinstance(sentences, str):
             raise TypeError("Translator.translate takes a list of sentences, not one string: wrap it in [ ]")
@@ -411,6 +413,7 @@ class Translator:
                 batch_size=batch_size,
                 max_len_ratio=max_len_ratio,
                 max_len_extra=max_len_extra,
+                progress=progress,
             )
         options = SearchOptions(
             beam_size=beam,
@@ -427,12 +430,16 @@ class Translator:
         results = [blank_translation(alignments) for _ in sentences]
         todo = [i for i, sentence in enumerate(sentences) if not is_blank(sentence)]
         ids = self.encode([sentences[i] for i in todo], [first_line + i for i in todo])
+        if progress is not None and len(todo) < len(sentences):
+            progress(len(sentences) - len(todo))  # the blank lines: nothing to decode
         for chunk in length_batches([len(row) for row in ids], batch_size):
             batch = [ids[k] for k in chunk]
             found = self.engine.decode(batch, options, attention=alignments)
             maps = self.engine.align(batch, found, align_method) if alignments else [None] * len(found)
             for k, hyps, rows in zip(chunk, found, maps):
                 results[todo[k]] = self.result(ids[k], hyps, rows)
+            if progress is not None:
+                progress(len(chunk))
         return results
 
     def translate_tagged(

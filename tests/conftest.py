@@ -2,15 +2,46 @@
 through one fixture, ``multi30k_dir``."""
 
 import os
+import shutil
 import sys
 from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 import pytest
 from omegaconf import OmegaConf
 
-from helpers import ROOT, compose, deadline, learning_overrides, train_once, write_slice
+from helpers import (
+    ROOT,
+    TrainedModel,
+    compose,
+    deadline,
+    learning_overrides,
+    synthetic_learning_overrides,
+    train_once,
+    write_slice,
+)
 
 TEST_SECONDS = 600  # far above the slowest test: a test that hangs fails, not the CI's whole budget
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker (``make test`` runs one per core) keeps to a core of its own, it and the
+    processes it starts (train.py and translate.py take their threads from the cores they may use):
+    threads that outnumber the cores wait on each other many times over."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
+    if worker and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+        import torch
+
+        torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules with slow tests first (the order is otherwise kept): the workers take modules in
+    this order, so the long ones start early and the workers end together."""
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
 
 
 @pytest.fixture(autouse=True)
@@ -105,10 +136,10 @@ def multi30k_config(multi30k_dir):
 
 @pytest.fixture(scope="session")
 def multi30k_slice(multi30k_dir, tmp_path_factory) -> Path:
-    """A small real slice of Multi30k in the raw layout: 400 train, 40 val, 30 test pairs."""
-    return write_slice(
-        multi30k_dir, tmp_path_factory.mktemp("m30k_slice"), {"train": 400, "val": 40, "test_2016_flickr": 30}
-    )
+    """A small real slice of Multi30k in the raw layout: 400 train, 40 val, 30 test pairs (written
+    once per pytest run, read by every worker)."""
+    sizes = {"train": 400, "val": 40, "test_2016_flickr": 30}
+    return built_once(tmp_path_factory, "m30k_slice", lambda folder: write_slice(multi30k_dir, folder, sizes))
 
 
 @pytest.fixture(scope="session")
@@ -117,13 +148,83 @@ def compose_config():
     return compose
 
 
+def built_once(
+    tmp_path_factory, name: str, build: Callable[[Path], object], wait: bool = True
+) -> Optional[Path]:
+    """The folder ``name`` made by ``build(folder)`` once per pytest run and read by every test of
+    it, in whichever pytest-xdist worker (``make test`` runs two): the workers share their base
+    temporary folder's parent, and a file lock lets one build while the others wait (or, unless
+    ``wait``, get None and do other work first). Tests only read what it holds."""
+    from filelock import FileLock, Timeout
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder, done = base / "built_once" / name, base / "built_once" / f"{name}.done"
+    folder.parent.mkdir(exist_ok=True)
+    lock = FileLock(str(folder) + ".lock")
+    try:
+        lock.acquire(timeout=-1 if wait else 0)
+    except Timeout:
+        return None
+    try:
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build left
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    finally:
+        lock.release()
+    return folder
+
+
+Overrides = Callable[[Path], List[str]]  # a data cache folder -> a run's overrides
+
+
+def trained_once(
+    tmp_path_factory, name: str, overrides: Overrides, wait: bool = True
+) -> Optional[TrainedModel]:
+    """A model trained for real with ``compose(overrides(cache))`` once per pytest run
+    (``built_once``; None when another worker is training it and not ``wait``); in the worker that
+    trained it the ``Trainer`` that did."""
+    trained = {}
+
+    def build(run: Path) -> None:
+        trained["model"] = train_once(compose(overrides(run / "cache")), run)
+
+    run = built_once(tmp_path_factory, name, build, wait)
+    if run is None:
+        return None
+    if "model" in trained:
+        return trained["model"]
+    local = tmp_path_factory.mktemp(f"{name}_trainer")  # the folder of this worker's Trainer
+    return TrainedModel.of_run(compose(overrides(run / "cache")), run, local)
+
+
+def trained_all(tmp_path_factory, runs: Dict[str, Overrides]) -> Dict[str, TrainedModel]:
+    """``{name: TrainedModel}`` of every run (``trained_once``): this worker first trains those no
+    other worker is training, then waits for the rest, so that workers that need the same models
+    at once train them side by side."""
+    models: Dict[str, TrainedModel] = {}
+    for wait in (False, True):
+        for name, overrides in runs.items():
+            if name not in models:
+                found = trained_once(tmp_path_factory, name, overrides, wait)
+                if found is not None:
+                    models[name] = found
+    return {name: models[name] for name in runs}
+
+
 @pytest.fixture(scope="session")
-def trained_slice_transformer(multi30k_slice, compose_config, tmp_path_factory):
+def trained_slice_transformer(multi30k_slice, tmp_path_factory) -> TrainedModel:
     """A small Transformer trained for real (300 steps) on the first 200 training pairs of the
-    slice, once per session: ``(trainer, checkpoint path, seconds)``. The CTranslate2 tests export
-    it and decode real sentences with both engines (a model that has memorised its pairs)."""
-    run = tmp_path_factory.mktemp("learn_transformer")
-    return train_once(compose_config(learning_overrides(multi30k_slice, run / "cache", "transformer")), run)
+    slice, once per pytest run. The CTranslate2 tests export it and decode real sentences with
+    both engines (a model that has memorised its pairs)."""
+    return trained_once(
+        tmp_path_factory,
+        "learn_transformer",
+        lambda cache: learning_overrides(multi30k_slice, cache, "transformer"),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -132,42 +233,44 @@ def synthetic_corpus(tmp_path_factory) -> Path:
     3000 train, 100 val, 100 test_2016_flickr pairs of letters, the target the source reversed."""
     from synthetic import write_corpus
 
-    return write_corpus(tmp_path_factory.mktemp("synthetic"))
+    return built_once(tmp_path_factory, "synthetic", write_corpus)
 
 
-@pytest.fixture(scope="session")
-def trained_synthetic_models(synthetic_corpus, compose_config, tmp_path_factory):
-    """Each family trained for real on the synthetic task (``SYNTHETIC_FAMILIES`` in helpers.py),
-    once per session; ``{family: (trainer, checkpoint path, seconds)}``. A model that has learnt
-    the reversal translates unseen sequences: the learning test (test_synthetic.py) and the tests of what is done
-    with a trained model (translate.py, its options, decoding tuning) use them."""
-    from helpers import synthetic_learning_overrides
-
-    models = {}
-    for family in ("rnn", "transformer"):
-        run = tmp_path_factory.mktemp(f"synthetic_{family}")
-        models[family] = train_once(
-            compose_config(synthetic_learning_overrides(synthetic_corpus, run / "cache", family)), run
+def synthetic_runs(prefix: str, corpus: Path, *extra: str) -> Dict[str, Overrides]:
+    """``{prefix_family: overrides}``: each family on the synthetic task in ``corpus``
+    (``SYNTHETIC_FAMILIES`` in helpers.py) with ``extra`` overrides."""
+    return {
+        f"{prefix}_{family}": lambda cache, family=family: synthetic_learning_overrides(
+            corpus, cache, family, *extra
         )
-    return models
+        for family in ("rnn", "transformer")
+    }
 
 
 @pytest.fixture(scope="session")
-def trained_guided_models(synthetic_corpus, compose_config, tmp_path_factory):
-    """Each family trained as ``trained_synthetic_models`` is, with guided alignment on the task's true
-    links (``trainer.guided_alignment=1.0``); ``{family: (trainer, checkpoint path, seconds)}``."""
+def trained_synthetic_models(synthetic_corpus, tmp_path_factory) -> Dict[str, TrainedModel]:
+    """Each family trained for real on the synthetic task (``SYNTHETIC_FAMILIES`` in helpers.py),
+    once per pytest run. A model that has learnt the reversal translates unseen sequences: the
+    learning test (test_synthetic.py) and the tests of what is done with a trained model
+    (translate.py, its options, decoding tuning) use them."""
+    models = trained_all(tmp_path_factory, synthetic_runs("synthetic", synthetic_corpus))
+    return {family: models[f"synthetic_{family}"] for family in ("rnn", "transformer")}
+
+
+@pytest.fixture(scope="session")
+def trained_guided_models(synthetic_corpus, tmp_path_factory) -> Dict[str, TrainedModel]:
+    """Each family trained as ``trained_synthetic_models`` is, with guided alignment on the task's
+    true links (``trainer.guided_alignment=1.0``)."""
     from synthetic import write_reversal_links
 
-    from helpers import synthetic_learning_overrides
-
-    links = write_reversal_links(synthetic_corpus, tmp_path_factory.mktemp("links") / "reversal.txt")
-    models = {}
-    for family in ("rnn", "transformer"):
-        run = tmp_path_factory.mktemp(f"guided_{family}")
-        guided = [f"data.alignments={links}", "trainer.guided_alignment=1.0"]
-        overrides = synthetic_learning_overrides(synthetic_corpus, run / "cache", family, *guided)
-        models[family] = train_once(compose_config(overrides), run)
-    return models
+    links = built_once(
+        tmp_path_factory,
+        "links",
+        lambda folder: write_reversal_links(synthetic_corpus, folder / "reversal.txt"),
+    )
+    guided = [f"data.alignments={links / 'reversal.txt'}", "trainer.guided_alignment=1.0"]
+    models = trained_all(tmp_path_factory, synthetic_runs("guided", synthetic_corpus, *guided))
+    return {family: models[f"guided_{family}"] for family in ("rnn", "transformer")}
 
 
 # name -> the family and its overrides: model.attention, and the steps and rate it needs. On the
@@ -186,19 +289,17 @@ ATTENTION_VARIANTS = {
 
 
 @pytest.fixture(scope="session")
-def trained_attention_variants(synthetic_corpus, trained_synthetic_models, compose_config, tmp_path_factory):
+def trained_attention_variants(synthetic_corpus, tmp_path_factory) -> Dict[str, TrainedModel]:
     """Every attention function of both families trained for real on the synthetic task, as the
     families' defaults are (``SYNTHETIC_FAMILIES``, with ``ATTENTION_VARIANTS``' changes): the defaults
     of ``trained_synthetic_models`` as "rnn additive" and "transformer scaled_dot", the other
-    functions trained here once per session; ``{name: (trainer, checkpoint path, seconds)}``."""
-    from helpers import synthetic_learning_overrides
-
-    models = {
-        "rnn additive": trained_synthetic_models["rnn"],
-        "transformer scaled_dot": trained_synthetic_models["transformer"],
-    }
+    functions trained here, once per pytest run."""
+    runs = synthetic_runs("synthetic", synthetic_corpus)
     for name, (family, attention) in ATTENTION_VARIANTS.items():
-        run = tmp_path_factory.mktemp(f"synthetic_{name.replace(' ', '_')}")
-        overrides = synthetic_learning_overrides(synthetic_corpus, run / "cache", family, *attention)
-        models[name] = train_once(compose_config(overrides), run)
-    return models
+        runs[f"synthetic_{name.replace(' ', '_')}"] = lambda cache, family=family, attention=attention: (
+            synthetic_learning_overrides(synthetic_corpus, cache, family, *attention)
+        )
+    models = trained_all(tmp_path_factory, runs)
+    defaults = {"rnn additive": "synthetic_rnn", "transformer scaled_dot": "synthetic_transformer"}
+    names = {**defaults, **{name: f"synthetic_{name.replace(' ', '_')}" for name in ATTENTION_VARIANTS}}
+    return {name: models[run] for name, run in names.items()}

@@ -19,6 +19,7 @@ import functools
 import importlib.util
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,6 +31,17 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+# The cores this process may use before a pytest-xdist worker keeps to one (conftest.py).
+EVERY_CORE = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+
+
+def every_core() -> None:
+    """In a child process (``preexec_fn``): every core again, for a job of several processes
+    (torchrun's ranks) that a worker kept to one core would make take turns."""
+    if EVERY_CORE:
+        os.sched_setaffinity(0, EVERY_CORE)
+
+
 SPLIT = "test_2016_flickr"
 Curve = Sequence[Tuple[int, float, float]]  # (step, training seconds, valid BLEU) of each evaluation
 
@@ -229,16 +241,50 @@ def write_slice(source: Path, target: Path, sizes) -> Path:
 LEARNING_PAIRS = 200
 
 
-def train_once(cfg, run: Path) -> Tuple[Any, Path, float]:
+class TrainedModel:
+    """A model trained for real in ``run``: its ``checkpoint`` (last.pt), the ``seconds`` its
+    training took, and its ``trainer`` (the setup: model, data, tokenizer; the progress)."""
+
+    def __init__(
+        self, run: Path, seconds: float, trainer: Any = None, cfg: Any = None, local: Optional[Path] = None
+    ):
+        self.run, self.checkpoint, self.seconds = run, run / "checkpoints" / "last.pt", seconds
+        self._trainer, self._cfg, self._local = trainer, cfg, local
+
+    @classmethod
+    def of_run(cls, cfg, run: Path, local: Path) -> "TrainedModel":
+        """The model ``train_once`` trained in ``run`` (another process, maybe); its trainer, when
+        asked for, is made in ``local`` from ``cfg`` with the checkpoint's weights and progress."""
+        seconds = json.loads((run / "seconds.json").read_text(encoding="utf-8"))
+        return cls(run, seconds, cfg=cfg, local=local)
+
+    @property
+    def trainer(self):
+        if self._trainer is None:
+            from common.checkpoint import load_checkpoint
+            from training.progress import Progress
+            from training.trainer import Trainer
+
+            self._trainer = Trainer(self._cfg, self._local)
+            payload = load_checkpoint(self.checkpoint)
+            self._trainer.setup.model.load_state_dict(payload["model"])
+            self._trainer.progress = Progress(**payload["progress"])
+            self._trainer.setup.model.eval()  # as the run's last evaluation left it
+        return self._trainer
+
+
+def train_once(cfg, run: Path) -> TrainedModel:
     """A ``Trainer`` of ``cfg`` trained in ``run`` (``fit``: to trainer.max_steps, then one
-    evaluation that writes last.pt and best.pt): ``(trainer, last.pt, seconds)``."""
+    evaluation that writes last.pt and best.pt); its seconds also in ``run/seconds.json``."""
     from training.trainer import Trainer
 
     trainer = Trainer(cfg, run)
     start = time.perf_counter()
     trainer.fit()
     trainer.close()
-    return trainer, run / "checkpoints" / "last.pt", time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    (run / "seconds.json").write_text(json.dumps(seconds), encoding="utf-8")
+    return TrainedModel(run, seconds, trainer)
 
 
 # Memorising 200 real pairs in 300 steps takes twice the tiny models' width: at 64 the tiny

@@ -98,7 +98,7 @@ def test_masking_the_one_head_of_a_single_head_attention_leaves_no_context(make,
 def test_the_masks_are_taken_off_when_a_measurement_fails(trained_synthetic_models, monkeypatch):
     import alignment.heads as heads
 
-    model, tokenizer, _ = load_model(trained_synthetic_models["transformer"][1])
+    model, tokenizer, _ = load_model(trained_synthetic_models["transformer"].checkpoint)
     from data.batching import ParallelDataset
 
     dataset = ParallelDataset(tokenizer.encode_src(["a b c"]), tokenizer.encode_tgt(["c b a"]))
@@ -123,7 +123,7 @@ def test_the_masks_are_taken_off_when_a_measurement_fails(trained_synthetic_mode
 def test_maps_of_a_batch_are_each_sentence_alone(family, trained_synthetic_models):
     """Sorted into batches of mixed lengths and back: each pair's maps are the ones it gets alone,
     and every row is a distribution over the real source (EOS included)."""
-    model, tokenizer, _ = load_model(trained_synthetic_models[family][1])
+    model, tokenizer, _ = load_model(trained_synthetic_models[family].checkpoint)
     src = [ids + [EOS_ID] for ids in tokenizer.encode_src(["a b c d e f g", "b", "c d e", "f g h i j"])]
     tgt = tokenizer.encode_tgt(["g f e d c b a", "b", "e d c", "j i h g f"])
     together = batched_cross_maps(model, src, tgt, batch_size=2)
@@ -135,7 +135,7 @@ def test_maps_of_a_batch_are_each_sentence_alone(family, trained_synthetic_model
 
 
 def test_no_flags_is_each_familys_default_method(trained_synthetic_models):
-    checkpoint = trained_synthetic_models["transformer"][1]
+    checkpoint = trained_synthetic_models["transformer"].checkpoint
     default = translate("--checkpoint", checkpoint, "--alignments", "a b c d", "e f g")
     explicit = translate("--checkpoint", checkpoint, "--alignments", "--align-layer", "all",
                          "--align-heads", "all", "--align-reading", "predict", "a b c d", "e f g")  # fmt: skip
@@ -195,7 +195,7 @@ def aligned(trained_synthetic_models, tmp_path_factory):
     src, tgt, gold = reversal_set(folder)
     runs = {}
     for family in FAMILIES:
-        _, checkpoint, _ = trained_synthetic_models[family]
+        checkpoint = trained_synthetic_models[family].checkpoint
         out = folder / family
         extra = ["--heads-src", src, "--heads-tgt", tgt, "--tensorboard", out / "tb", "--samples", 3]
         assert align_with_gold(checkpoint, src, tgt, gold, 20, out, *extra) == 0
@@ -233,7 +233,7 @@ def test_the_chosen_method_aligns_the_reversal_and_its_file_gives_its_score(fami
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_head_has_its_entropy_and_importance(family, trained_synthetic_models, aligned):
     src, tgt, _, runs = aligned
-    model, tokenizer, _ = load_model(trained_synthetic_models[family][1])
+    model, tokenizer, _ = load_model(trained_synthetic_models[family].checkpoint)
     from data.batching import ParallelDataset
 
     dataset = ParallelDataset(
@@ -272,7 +272,7 @@ def test_without_gold_fast_align_is_the_reference(trained_synthetic_models, synt
     src, tgt, _ = reversal_set(tmp_path)
     out = tmp_path / "out"
     code = align_script(
-        "--checkpoint", trained_synthetic_models["rnn"][1], "--tokenize", "--src", src, "--tgt", tgt,
+        "--checkpoint", trained_synthetic_models["rnn"].checkpoint, "--tokenize", "--src", src, "--tgt", tgt,
         "--train-src", synthetic_corpus / "train.de.gz", "--train-tgt", synthetic_corpus / "train.en.gz",
         "--dev", 20, "--out", out,
     )  # fmt: skip
@@ -290,7 +290,7 @@ def test_a_gold_file_that_does_not_fit_is_one_line(trained_synthetic_models, tmp
     lines = gold.read_text().splitlines()
     lines[4] = lines[4] + " 40-1"
     gold.write_text("\n".join(lines) + "\n")
-    code = align_with_gold(trained_synthetic_models["rnn"][1], src, tgt, gold, 10, tmp_path / "out")
+    code = align_with_gold(trained_synthetic_models["rnn"].checkpoint, src, tgt, gold, 10, tmp_path / "out")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and "gold.talp line 5: link 40-1" in err[0], err
     assert not (tmp_path / "out").exists()
@@ -308,7 +308,7 @@ def nbest_links(stdout: str):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_translate_aligns_by_the_chosen_method_in_beam_search_and_nbest(family, trained_synthetic_models):
-    checkpoint = trained_synthetic_models[family][1]
+    checkpoint = trained_synthetic_models[family].checkpoint
     sources = ["a b c d e", "f g h i"]
     plain = translate("--checkpoint", checkpoint, "--beam", 3, *sources)
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
@@ -343,7 +343,7 @@ def test_translate_aligns_by_the_chosen_method_in_beam_search_and_nbest(family, 
 
 
 def test_the_predicting_step_of_an_rnn_aligns_the_reversal(trained_synthetic_models):
-    translator = Translator.from_checkpoint(trained_synthetic_models["rnn"][1], device="cpu")
+    translator = Translator.from_checkpoint(trained_synthetic_models["rnn"].checkpoint, device="cpu")
     result = translator.translate(
         ["a b c d e f"], beam=1, alignments=True, align_method=Method(reading="predict")
     )[0]
@@ -353,7 +353,7 @@ def test_the_predicting_step_of_an_rnn_aligns_the_reversal(trained_synthetic_mod
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_outputs_cut_at_the_length_limit_are_aligned_word_by_word(family, trained_synthetic_models):
-    checkpoint = trained_synthetic_models[family][1]
+    checkpoint = trained_synthetic_models[family].checkpoint
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     for reading in ("predict", "read"):
         results = translator.translate(
@@ -371,14 +371,14 @@ def test_outputs_cut_at_the_length_limit_are_aligned_word_by_word(family, traine
 
 
 def test_a_method_the_model_lacks_is_one_line(trained_synthetic_models):
-    rnn = trained_synthetic_models["rnn"][1]
+    rnn = trained_synthetic_models["rnn"].checkpoint
     done = translate("--checkpoint", rnn, "--alignments", "--align-layer", 3, "a b")
     assert_one_error_line(done, "alignment layer 3: the model has 1 decoder layer(s)")
     done = translate("--checkpoint", rnn, "--alignments", "--align-heads", "x", "a b")
     assert_one_error_line(done, "--align-heads x: give 'all' or numbers from 1")
     done = translate("--checkpoint", rnn, "--align-reading", "read", "a b")
     assert_one_error_line(done, "choose the maps of --alignments, --plot or --tags")
-    ensemble = ["--checkpoint", rnn, "--checkpoint", trained_synthetic_models["transformer"][1]]
+    ensemble = ["--checkpoint", rnn, "--checkpoint", trained_synthetic_models["transformer"].checkpoint]
     done = translate(*ensemble, "--alignments", "--align-layer", 2, "a b")
     assert_one_error_line(
         done, "ensemble member 1 (rnn): alignment layer 2: the model has 1 decoder layer(s)"
@@ -391,7 +391,7 @@ def test_a_dev_part_that_leaves_no_pair_on_either_side_is_one_line(
 ):
     src, tgt, gold = reversal_set(tmp_path, count=6)
     out = tmp_path / "out"
-    assert align_with_gold(trained_synthetic_models["rnn"][1], src, tgt, gold, dev, out) == 1
+    assert align_with_gold(trained_synthetic_models["rnn"].checkpoint, src, tgt, gold, dev, out) == 1
     err = capsys.readouterr().err.strip()
     assert err == (
         f"error: --dev {dev}: the first pairs choose the method and the rest report it, so with 6 pairs give a "
@@ -410,7 +410,7 @@ def transfer_row(report: str, start: str):
 def test_a_guided_checkpoint_reports_its_supervised_heads_and_tag_transfer(trained_guided_models, tmp_path):
     src, tgt, gold = reversal_set(tmp_path)
     out = tmp_path / "out"
-    assert align_with_gold(trained_guided_models["transformer"][1], src, tgt, gold, 20, out) == 0
+    assert align_with_gold(trained_guided_models["transformer"].checkpoint, src, tgt, gold, 20, out) == 0
     report = (out / "report.md").read_text(encoding="utf-8")
     own = re.search(
         r"own method \(layer 1, head 1, predict, supervised by guided alignment\): AER ([\d.]+)", report

@@ -20,7 +20,7 @@ def benchmark(*args) -> subprocess.CompletedProcess:
 def test_train_benchmark_measures_throughput_memory_and_decoding(
     multi30k_slice, trained_synthetic_models, tmp_path
 ):
-    _, checkpoint, _ = trained_synthetic_models["rnn"]  # any RNN checkpoint: its decoding is timed
+    checkpoint = trained_synthetic_models["rnn"].checkpoint  # any RNN checkpoint: its decoding is timed
     out = tmp_path / "bench"
     done = benchmark(
         "train", "--data", multi30k_slice, "--models", "tiny_rnn", "--warmup", 1, "--steps", 2,

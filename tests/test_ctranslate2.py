@@ -36,7 +36,7 @@ VALID_SENTENCES = 200
 
 @pytest.fixture(scope="module")
 def checkpoint(trained_slice_transformer):
-    return trained_slice_transformer[1]
+    return trained_slice_transformer.checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -211,14 +211,14 @@ def test_separate_vocabularies_export(checkpoint, valid_sources, tmp_path):
 
 def test_an_rnn_checkpoint_is_refused_in_one_line(trained_synthetic_models, tmp_path):
     out = tmp_path / "export"
-    done = script_run(trained_synthetic_models["rnn"][1], out)
+    done = script_run(trained_synthetic_models["rnn"].checkpoint, out)
     assert_one_error_line(done, "CTranslate2 runs Transformers only")
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 def test_a_transformer_with_additive_attention_is_refused_in_one_line(trained_attention_variants, tmp_path):
     out = tmp_path / "export"
-    done = script_run(trained_attention_variants["transformer additive"][1], out)
+    done = script_run(trained_attention_variants["transformer additive"].checkpoint, out)
     assert_one_error_line(
         done, "model.attention=additive: CTranslate2's Transformer has scaled dot-product attention only"
     )

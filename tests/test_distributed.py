@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, scalars, tiny_run
+from helpers import ROOT, every_core, scalars, tiny_run
 
 STEPS = 6
 
@@ -43,16 +43,15 @@ def torchrun(n: int, *args: str):
     ]
 
 
-@pytest.mark.parametrize(
-    "extra", [[], ["data.alignments=fast_align", "trainer.guided_alignment=0.5"]], ids=["plain", "guided"]
-)
 def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_one_run(
-    multi30k_slice, tmp_path, extra
+    multi30k_slice, tmp_path
 ):
     """2 ranks x 500 tokens against 1 process accumulating 2 x 500 tokens: the same pairs in every
     step (rank r takes batches r, r + 2, ...; accumulation takes 2k, 2k + 1), the same token
     normalisation, so the losses agree up to the order of float additions (the all-reduce sums the
-    ranks' gradients where accumulation adds them in turn): relative 1e-4 after 6 Adam steps."""
+    ranks' gradients where accumulation adds them in turn): relative 1e-4 after 6 Adam steps. With
+    guided alignment, so that its loss (every rank's linked pieces together) agrees too."""
+    extra = ["data.alignments=fast_align", "trainer.guided_alignment=0.5"]
     cache = tmp_path / "cache"
     single = subprocess.run(
         [
@@ -75,6 +74,7 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_o
     run = tmp_path / "ddp"
     done = subprocess.run(
         torchrun(2, *overrides(run, multi30k_slice, cache, "trainer.batch_tokens=500", *extra)),
+        preexec_fn=every_core,
         capture_output=True,
         text=True,
         timeout=300,
@@ -85,11 +85,10 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_o
     two = scalars(run / "tb", "train/loss")
     assert [s for s, _ in two] == [s for s, _ in one] == list(range(1, STEPS + 1))
     assert [v for _, v in two] == pytest.approx([v for _, v in one], rel=1e-4)
-    if extra:  # guided alignment's loss, every rank's linked pieces together
-        aligned = [v for _, v in scalars(run / "tb", "train/alignment_loss")]
-        assert aligned == pytest.approx(
-            [v for _, v in scalars(tmp_path / "single" / "tb", "train/alignment_loss")], rel=1e-4
-        )
+    aligned = [v for _, v in scalars(run / "tb", "train/alignment_loss")]
+    assert aligned == pytest.approx(
+        [v for _, v in scalars(tmp_path / "single" / "tb", "train/alignment_loss")], rel=1e-4
+    )
     assert (
         one[-1][1] < one[0][1] - 0.05
     )  # the steps moved the weights: the comparison is not of six initial losses
@@ -145,6 +144,7 @@ def test_both_ranks_map_one_token_store_and_a_killed_rank_makes_the_job_fail_ins
         stderr=subprocess.STDOUT,
         text=True,
         cwd=tmp_path,
+        preexec_fn=every_core,
     )
     seen = []
     for line in job.stdout:
@@ -184,6 +184,7 @@ def test_two_ranks_build_the_token_store_once_and_both_map_it(multi30k_slice, tm
         text=True,
         cwd=tmp_path,
         timeout=300,
+        preexec_fn=every_core,
     )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-2000:]
@@ -243,7 +244,10 @@ def test_each_rank_resumes_its_own_dropout_masks(multi30k_slice, tmp_path):
             if "dropout" not in a
         ]
         args += ["model.dropout=0.3", "trainer.eval_every=3", f"trainer.max_steps={steps}", *extra]
-        done = subprocess.run(torchrun(2, *args), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        command = torchrun(2, *args)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=300, cwd=tmp_path, preexec_fn=every_core
+        )
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         return done
 

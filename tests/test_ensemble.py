@@ -38,7 +38,7 @@ def sources(synthetic_corpus):
 
 
 def checkpoint_of(models, family):
-    return models[family][1]
+    return models[family].checkpoint
 
 
 def clear(hyps, gap=1e-4):
@@ -181,7 +181,7 @@ def test_translate_py_decodes_with_an_ensemble(trained_synthetic_models, sources
 
 def test_checkpoints_of_two_vocabularies_are_one_error(trained_synthetic_models, trained_slice_transformer):
     rnn = checkpoint_of(trained_synthetic_models, "rnn")
-    other = trained_slice_transformer[1]
+    other = trained_slice_transformer.checkpoint
     done = translate("--checkpoint", rnn, "--checkpoint", other, "ein Hund")
     assert_one_error_line(done, "different target vocabularies")
     assert str(rnn) in done.stderr and str(other) in done.stderr
@@ -211,7 +211,7 @@ def synthetic_runs(trained_synthetic_models, synthetic_corpus, tmp_path_factory)
         ]
         folder = write_run(root / f"{number}_model={family}", refs, refs, overrides=overrides)
         (folder / "checkpoints").mkdir()
-        shutil.copy(trained_synthetic_models[family][1], folder / "checkpoints" / "best.pt")
+        shutil.copy(trained_synthetic_models[family].checkpoint, folder / "checkpoints" / "best.pt")
         runs[family] = folder
     return runs
 

@@ -131,7 +131,7 @@ def test_a_guided_model_aligns_better_than_an_unguided_one_at_the_same_steps(
     words right against 0.61 unguided, the RNN's attention 1.00 against 0.88 to 1.00 (by CPU kernel
     set: the RNN's additive attention learns the reversal's links unguided as well, in some sets all
     of them, so a guided model that is as good passes)."""
-    guided, unguided = trained_guided_models[family][0], trained_synthetic_models[family][0]
+    guided, unguided = trained_guided_models[family].trainer, trained_synthetic_models[family].trainer
     method = supervised_method(guided.setup.model_cfg)
     accuracy = {
         "guided": alignment_accuracy(guided, method),
@@ -147,8 +147,8 @@ def test_a_guided_checkpoint_aligns_by_its_supervised_heads_and_an_unguided_one_
     trained_guided_models, trained_synthetic_models
 ):
     guided_path, unguided_path = (
-        trained_guided_models["transformer"][1],
-        trained_synthetic_models["transformer"][1],
+        trained_guided_models["transformer"].checkpoint,
+        trained_synthetic_models["transformer"].checkpoint,
     )
     guided = Translator.from_checkpoint(guided_path, device="cpu")
     supervised = supervised_method(guided.engine.model.cfg)
@@ -167,7 +167,7 @@ def test_a_guided_checkpoint_aligns_by_its_supervised_heads_and_an_unguided_one_
 
 @pytest.fixture(scope="module")
 def tagger(trained_guided_models):
-    return Translator.from_checkpoint(trained_guided_models["transformer"][1], device="cpu")
+    return Translator.from_checkpoint(trained_guided_models["transformer"].checkpoint, device="cpu")
 
 
 @pytest.mark.parametrize(
@@ -215,7 +215,7 @@ def test_a_tag_whose_words_align_to_nothing_is_left_out():
 )
 def test_malformed_markup_is_one_error_line_naming_line_and_character(trained_guided_models, line, message):
     done = translate(
-        "--checkpoint", trained_guided_models["transformer"][1], "--tags", "--beam", "1", "a b", line
+        "--checkpoint", trained_guided_models["transformer"].checkpoint, "--tags", "--beam", "1", "a b", line
     )
     assert_one_error_line(done, message)
 
@@ -223,7 +223,7 @@ def test_malformed_markup_is_one_error_line_naming_line_and_character(trained_gu
 def test_the_ctranslate2_export_keeps_the_supervised_heads_and_aligns_as_our_engine(
     trained_guided_models, tmp_path
 ):
-    checkpoint = trained_guided_models["transformer"][1]
+    checkpoint = trained_guided_models["transformer"].checkpoint
     info = export_checkpoint(checkpoint, tmp_path / "export", "float32")
     assert info["alignment"] == {"layer": 1, "heads": [1]}
     ours, engine = (

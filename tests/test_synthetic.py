@@ -70,9 +70,12 @@ def held_out_scores(trainer):
 def test_every_model_learns_to_reverse_unseen_sequences(name, trained_attention_variants):
     """Each family's default and every other attention function (with the steps and rate each
     needs: conftest.py), to the same bar."""
-    trainer, _, seconds = trained_attention_variants[name]
+    trained = trained_attention_variants[name]
+    trainer = trained.trainer
     bleu, exact, hypotheses = held_out_scores(trainer)
-    print(f"{name}: {trainer.progress.step} steps, {seconds:.0f} s, BLEU {bleu:.1f}, exact {exact:.2f}")
+    print(
+        f"{name}: {trainer.progress.step} steps, {trained.seconds:.0f} s, BLEU {bleu:.1f}, exact {exact:.2f}"
+    )
     assert bleu > 60.0, f"{name} reached only {bleu:.1f} BLEU on the held-out reversals: {hypotheses[:3]}"
     assert exact > 1 / 3, f"{name} got only {exact:.2f} of the held-out reversals exactly right"
 
@@ -80,17 +83,17 @@ def test_every_model_learns_to_reverse_unseen_sequences(name, trained_attention_
 def test_every_attention_function_translates_and_ensembles_from_its_checkpoint(trained_attention_variants):
     """Each checkpoint translates with beam search, n-best and alignments; all of them (one vocabulary:
     the task's) decode as one ensemble that reverses as well as its members."""
-    trainer = trained_attention_variants["rnn additive"][0]
+    trainer = trained_attention_variants["rnn additive"].trainer
     sources = trainer.setup.data.sources[SPLIT][:20]
     references = [" ".join(reversed(source.split())) for source in sources]
-    for name, (_, checkpoint, _) in trained_attention_variants.items():
-        results = Translator.from_checkpoint(checkpoint, "cpu").translate(
+    for name, trained in trained_attention_variants.items():
+        results = Translator.from_checkpoint(trained.checkpoint, "cpu").translate(
             sources, beam=3, nbest=2, alignments=True
         )
         hypotheses = [result.text for result in results]
         assert exact_match(hypotheses, references) > 1 / 3, (name, hypotheses[:3])
         assert all(len(result.nbest) == 2 and result.alignment for result in results), name
-    ensemble = Translator.from_checkpoints([c for _, c, _ in trained_attention_variants.values()], "cpu")
+    ensemble = Translator.from_checkpoints([t.checkpoint for t in trained_attention_variants.values()], "cpu")
     hypotheses = [result.text for result in ensemble.translate(sources, beam=3)]
     assert exact_match(hypotheses, references) > 1 / 2, hypotheses[:3]
 
@@ -99,7 +102,8 @@ def test_every_attention_function_shows_its_heads_in_the_attention_tab(trained_a
     """The Attention tab's summary of one validation sentence (what training writes at every
     evaluation): the RNN's multi-head attention as its heads, the single-head functions as one."""
     expected_heads = {"rnn additive": 1, "rnn general": 1, "rnn scaled_dot": 1, "rnn multihead": 4}
-    for name, (trainer, _, _) in trained_attention_variants.items():
+    for name, trained in trained_attention_variants.items():
+        trainer = trained.trainer
         found = decode_ids(
             trainer.setup.model, trainer.setup.data.datasets[VALID], 4000, trainer.setup.device
         )[:1]

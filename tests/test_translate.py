@@ -57,7 +57,7 @@ def shuffled_by_length(pairs, n=24, seed=3):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("beam", [1, 5])
 def test_translates_learnt_pairs_in_input_order(family, beam, trained_synthetic_models, pairs, tmp_path):
-    _, checkpoint, _ = trained_synthetic_models[family]
+    checkpoint = trained_synthetic_models[family].checkpoint
     chosen = shuffled_by_length(pairs)
     source = tmp_path / "in.de"
     source.write_text("".join(src + "\n" for src, _ in chosen), encoding="utf-8")
@@ -75,7 +75,7 @@ def test_translates_learnt_pairs_in_input_order(family, beam, trained_synthetic_
 
 
 def test_arguments_and_standard_input_give_the_same_lines(trained_synthetic_models, pairs):
-    _, checkpoint, _ = trained_synthetic_models["transformer"]
+    checkpoint = trained_synthetic_models["transformer"].checkpoint
     first, second = pairs[0][0], pairs[7][0]
     # one thread in both processes: the same sums, so the same near ties on any machine
     by_args = translate("--checkpoint", checkpoint, "--beam", 3, "--threads", 1, first, second)
@@ -89,7 +89,7 @@ def test_arguments_and_standard_input_give_the_same_lines(trained_synthetic_mode
 
 
 def test_nbest_lists_are_sorted_and_indexed(trained_synthetic_models, pairs):
-    _, checkpoint, _ = trained_synthetic_models["rnn"]
+    checkpoint = trained_synthetic_models["rnn"].checkpoint
     sources = [pairs[i][0] for i in (2, 3, 4)]
     # one sentence a batch: an n-best list keeps its sentence longer in a batch, which would
     # change the other sentences' batch shapes (and kernels) against the plain run below
@@ -125,7 +125,7 @@ def test_nbest_lists_are_sorted_and_indexed(trained_synthetic_models, pairs):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_alignments_are_well_formed_pharaoh(family, trained_synthetic_models, pairs):
-    _, checkpoint, _ = trained_synthetic_models[family]
+    checkpoint = trained_synthetic_models[family].checkpoint
     sources = [pairs[i][0] for i in range(10)]
     done = translate("--checkpoint", checkpoint, "--alignments", stdin="\n".join(sources) + "\n")
     assert done.returncode == 0, done.stderr
@@ -160,7 +160,7 @@ def ends_at_once(checkpoint: Path, path: Path) -> Path:
 def test_an_empty_translation_keeps_the_tab_of_its_alignment(trained_synthetic_models, pairs, tmp_path):
     """With --alignments every line is 'translation, tab, pairs', also for a sentence translated to
     nothing; only a blank input line stays an empty line."""
-    _, checkpoint, _ = trained_synthetic_models["rnn"]
+    checkpoint = trained_synthetic_models["rnn"].checkpoint
     silent = ends_at_once(checkpoint, tmp_path / "silent.pt")
     done = translate("--checkpoint", silent, "--alignments", stdin=f"{pairs[0][0]}\n\n{pairs[1][0]}\n")
     assert done.returncode == 0, done.stderr
@@ -171,7 +171,7 @@ def test_an_empty_translation_keeps_the_tab_of_its_alignment(trained_synthetic_m
 
 
 def test_python_api_translates_like_the_command_line(trained_synthetic_models, pairs, caplog):
-    _, checkpoint, _ = trained_synthetic_models["transformer"]
+    checkpoint = trained_synthetic_models["transformer"].checkpoint
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     sources = [pairs[i][0] for i in range(6)] + ["  "]
     # the command line's path exactly (fused attention, this process, its threads): the same n-best
@@ -210,7 +210,7 @@ def test_python_api_translates_like_the_command_line(trained_synthetic_models, p
 
 
 def test_input_that_is_not_utf8_gives_one_error_line(trained_synthetic_models, tmp_path):
-    _, checkpoint, _ = trained_synthetic_models["rnn"]
+    checkpoint = trained_synthetic_models["rnn"].checkpoint
     latin1 = tmp_path / "latin1.de"
     latin1.write_bytes("Ein Mann.\nZwei Männer.\n".encode("latin-1"))
     done = translate("--checkpoint", checkpoint, "--input", latin1)
@@ -226,7 +226,7 @@ def test_help_shows_the_search_length_defaults():
 
 
 def test_plots_one_png_per_sentence(trained_synthetic_models, pairs, tmp_path):
-    _, checkpoint, _ = trained_synthetic_models["transformer"]
+    checkpoint = trained_synthetic_models["transformer"].checkpoint
     sources = [pairs[0][0], "", pairs[1][0]]
     done = translate(
         "--checkpoint", checkpoint, "--plot", tmp_path / "plots", stdin="\n".join(sources) + "\n"
@@ -241,7 +241,7 @@ def test_plots_one_png_per_sentence(trained_synthetic_models, pairs, tmp_path):
 
 
 def test_output_file_is_replaced_only_when_the_run_succeeds(trained_synthetic_models, pairs, tmp_path):
-    _, checkpoint, _ = trained_synthetic_models["rnn"]
+    checkpoint = trained_synthetic_models["rnn"].checkpoint
     out = tmp_path / "out.en"
     out.write_text("earlier output\n")
     failed = translate("--checkpoint", tmp_path / "missing.pt", "--output", out, pairs[0][0])
@@ -253,7 +253,7 @@ def test_output_file_is_replaced_only_when_the_run_succeeds(trained_synthetic_mo
 
 
 def test_too_long_input_is_truncated_with_a_warning(trained_synthetic_models, pairs):
-    _, checkpoint, _ = trained_synthetic_models["transformer"]  # max_positions 1024
+    checkpoint = trained_synthetic_models["transformer"].checkpoint  # max_positions 1024
     long_line = too_long(pairs[0][0])
     done = translate(
         "--checkpoint",
@@ -296,7 +296,7 @@ def bad_checkpoints(folder: Path, good: Path):
 
 
 def test_bad_checkpoints_give_one_error_line(trained_synthetic_models, tmp_path):
-    _, good, _ = trained_synthetic_models["rnn"]
+    good = trained_synthetic_models["rnn"].checkpoint
     for _name, path, expected in bad_checkpoints(tmp_path, good):
         assert_one_error_line(translate("--checkpoint", path, "Ein Mann."), expected)
 
@@ -304,8 +304,8 @@ def test_bad_checkpoints_give_one_error_line(trained_synthetic_models, tmp_path)
 def test_a_checkpoint_with_the_other_familys_config_is_refused(trained_synthetic_models, tmp_path):
     """RNN weights under the Transformer's model config (say, configs mixed up by hand): one line
     that counts and names the weights that do not fit, no traceback, and no output file."""
-    rnn = load_checkpoint(trained_synthetic_models["rnn"][1])
-    transformer = load_checkpoint(trained_synthetic_models["transformer"][1])
+    rnn = load_checkpoint(trained_synthetic_models["rnn"].checkpoint)
+    transformer = load_checkpoint(trained_synthetic_models["transformer"].checkpoint)
     mixed = tmp_path / "mixed.pt"
     save_checkpoint(dict(rnn, model_config=transformer["model_config"]), mixed)
     out = tmp_path / "out.en"
@@ -344,12 +344,12 @@ def test_a_checkpoint_carrying_code_is_refused_and_nothing_runs(tmp_path):
     ],
 )
 def test_bad_options_give_one_error_line(options, expected, trained_synthetic_models):
-    _, checkpoint, _ = trained_synthetic_models["rnn"]
+    checkpoint = trained_synthetic_models["rnn"].checkpoint
     assert_one_error_line(translate("--checkpoint", checkpoint, *options), expected)
 
 
 def test_bad_device_and_unwritable_output(trained_synthetic_models, tmp_path):
-    _, checkpoint, _ = trained_synthetic_models["rnn"]
+    checkpoint = trained_synthetic_models["rnn"].checkpoint
     assert_one_error_line(
         translate("--checkpoint", checkpoint, "--device", "tpu", "Ein Mann."), "not a torch device"
     )
@@ -365,7 +365,7 @@ def test_bad_device_and_unwritable_output(trained_synthetic_models, tmp_path):
 
 
 def test_output_into_a_read_only_folder(trained_synthetic_models, read_only_folder):
-    _, checkpoint, _ = trained_synthetic_models["rnn"]
+    checkpoint = trained_synthetic_models["rnn"].checkpoint
     assert_one_error_line(
         translate("--checkpoint", checkpoint, "--output", read_only_folder / "out.en", "Ein Mann."),
         "cannot write --output",
@@ -383,7 +383,7 @@ def test_command_line_errors_come_before_heavy_imports():
 
 def test_interactive_prompt_on_a_terminal(trained_synthetic_models, pairs):
     """With a terminal on standard input and no sentences, each line entered is translated at once."""
-    _, checkpoint, _ = trained_synthetic_models["transformer"]
+    checkpoint = trained_synthetic_models["transformer"].checkpoint
     master, slave = os.openpty()
     process = subprocess.Popen(
         [sys.executable, "translate.py", "--checkpoint", str(checkpoint), "--beam", "2"],
@@ -413,7 +413,7 @@ def test_interactive_prompt_on_a_terminal(trained_synthetic_models, pairs):
 def test_a_gpu_decodes_in_larger_batches_by_default(trained_synthetic_models):
     """64 sentences at a time on the CPU; a thousand on a GPU, where a search step costs about the
     same for either (the engine's device decides, not whether this machine has a GPU)."""
-    trainer = trained_synthetic_models["rnn"][0]
+    trainer = trained_synthetic_models["rnn"].trainer
     assert default_batch_size(TorchEngine(trainer.setup.model, torch.device("cpu"))) == 64
     on_gpu = TorchEngine.__new__(TorchEngine)  # an engine whose model would run on a GPU
     on_gpu.device = torch.device("cuda", 0)

@@ -39,7 +39,7 @@ def test_ties_go_to_the_smaller_beam_then_the_alpha_nearer_one():
 def test_a_trained_model_is_scored_at_every_setting(
     trained_synthetic_models, synthetic_corpus, tmp_path, capsys
 ):
-    _, checkpoint, _ = trained_synthetic_models["transformer"]
+    checkpoint = trained_synthetic_models["transformer"].checkpoint
     src, ref = (tmp_path / "src", tmp_path / "ref")
     for side, path in (
         ("de", src),
@@ -71,7 +71,7 @@ def test_a_trained_model_is_scored_at_every_setting(
     ],
 )
 def test_bad_inputs_are_one_error_line(trained_synthetic_models, tmp_path, capsys, args, message):
-    _, checkpoint, _ = trained_synthetic_models["transformer"]
+    checkpoint = trained_synthetic_models["transformer"].checkpoint
     paths = {"src": tmp_path / "src", "short": tmp_path / "short", "missing": tmp_path / "missing"}
     paths["src"].write_text("ein Hund .\n" * 40)
     paths["short"].write_text("a dog .\n" * 39)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, Optional
 
 from common.checkpoint import load_checkpoint, save_checkpoint
 from common.files import AtomicFile, write_lines
+from common.progress_bar import progress_bar
 from inference.decoding import translate_split
 from training.averaging import average_checkpoints, last_checkpoints
 from training.board import Board
@@ -27,16 +28,18 @@ def decode_test_split(setup: Setup, split: str) -> Dict[str, float]:
     """Beam-decode one test split into ``<split>.hyp`` (its references into ``<split>.ref``, for
     significance tests by scripts/compare.py); its BLEU and chrF."""
     tick, data, out_dir, beam = time.perf_counter(), setup.data, setup.out_dir, setup.tc.beam_size
-    hyps = translate_split(
-        setup.model,
-        data.datasets[split],
-        data.tokenizer,
-        setup.eval_batch_tokens,
-        setup.device,
-        beam,
-        setup.tc.length_penalty,
-        setup.autocast,
-    )
+    with progress_bar(len(data.datasets[split]), f"test {split}: beam {beam}", "sentences") as bar:
+        hyps = translate_split(
+            setup.model,
+            data.datasets[split],
+            data.tokenizer,
+            setup.eval_batch_tokens,
+            setup.device,
+            beam,
+            setup.tc.length_penalty,
+            setup.autocast,
+            bar.update,
+        )
     write_lines(out_dir / f"{split}.hyp", hyps)
     write_lines(out_dir / f"{split}.ref", data.references[split])
     scores = corpus_scores(hyps, data.references[split])

@@ -16,11 +16,12 @@ from torch import nn
 
 from alignment.heads import Key, loss_and_entropy
 from common.collapse import COLLAPSE_NATS
-from data.batching import ParallelDataset
+from common.progress_bar import progress_bar
+from data.batching import ParallelDataset, ordered_batches
 from data.corpus import VALID
 from data.pipeline import PreparedData
 from data.specials import PAD_ID
-from inference.decoding import decode_ids, detokenize, ordered_batches, output_attention
+from inference.decoding import decode_ids, detokenize, output_attention
 from models.search import Hypothesis
 from training.board import Board
 from training.progress import Progress
@@ -83,7 +84,10 @@ def validate(setup: Setup) -> Tuple[Dict[str, float], List[Hypothesis], List[str
         setup.device,
     )
     scores = validation_loss(model, valid, batch_tokens, device, setup.autocast)
-    found = decode_ids(model, valid, batch_tokens, device, 1, autocast=setup.autocast)
+    with progress_bar(len(valid), "validation: greedy decoding", "sentences") as bar:
+        found = decode_ids(
+            model, valid, batch_tokens, device, 1, autocast=setup.autocast, progress=bar.update
+        )
     hyps = detokenize(setup.data.tokenizer, found)
     scores.update(corpus_scores(hyps, setup.data.references[VALID]))
     return scores, found, hyps
