@@ -8,6 +8,7 @@ there (translations, a report) stays clean to pipe.
             bar.update(len(chunk))
 """
 
+import os
 import sys
 import time
 from typing import Optional, TextIO
@@ -24,7 +25,7 @@ class LineProgress:
         self.total, self.desc, self.unit, self.stream, self.every = total, desc, unit, stream, every
         self.done = 0
         self.start = self.last = time.monotonic()
-        self.printed = False
+        self.shown = 0  # the count the last line showed (0: no line yet)
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -37,12 +38,11 @@ class LineProgress:
         share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         print(f"{self.desc}: {self.done}{of} {self.unit}{share}, {now - self.start:.0f} s", file=self.stream)
         self.stream.flush()
-        self.last, self.printed = now, True
+        self.last, self.shown = now, self.done
 
     def close(self) -> None:
-        if self.printed:
+        if self.shown and self.shown != self.done:  # the end, unless the last line showed it
             self.line(time.monotonic())
-            self.printed = False
 
     def __enter__(self) -> "LineProgress":
         return self
@@ -51,9 +51,35 @@ class LineProgress:
         self.close()
 
 
+class NoProgress:
+    """Nowhere to show progress: ``update`` and ``close`` do nothing."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "NoProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def on_terminal(stream: TextIO) -> bool:
     isatty = getattr(stream, "isatty", None)
     return bool(isatty and isatty())
+
+
+def same_file_as_stdout(stream: TextIO) -> bool:
+    """Whether ``stream`` writes into the file standard output writes into (``> out 2>&1``, a SLURM
+    job's output file): progress lines there would land among the output's own lines."""
+    try:
+        mine, out = os.fstat(stream.fileno()), os.fstat(sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):  # not a file (a test's buffer), or closed
+        return False
+    return (mine.st_dev, mine.st_ino) == (out.st_dev, out.st_ino)
 
 
 def progress_bar(
@@ -61,14 +87,19 @@ def progress_bar(
     desc: str,
     unit: str = "it",
     stream: Optional[TextIO] = None,
-    every: float = LINE_SECONDS,
+    every: Optional[float] = None,
 ):
     """A progress display of ``total`` items (None: unknown) on ``stream`` (standard error as it is
-    when called): a tqdm bar, drawn at once, on a terminal; ``LineProgress`` elsewhere. Both are
-    context managers with ``update(n)`` and ``close()``."""
+    when called): a tqdm bar, drawn at once, on a terminal; elsewhere ``LineProgress``, a line every
+    ``every`` seconds (``LINE_SECONDS``), unless standard output goes into the same file, or there is
+    no stream (a closed standard error). Each is a context manager with ``update(n)`` and ``close()``."""
     stream = sys.stderr if stream is None else stream
+    if stream is None:
+        return NoProgress()
     if on_terminal(stream):
         from tqdm import tqdm
 
         return tqdm(total=total, desc=desc, unit=f" {unit}", file=stream, leave=False, mininterval=0.2)
-    return LineProgress(total, desc, unit, stream, every)
+    if same_file_as_stdout(stream):
+        return NoProgress()
+    return LineProgress(total, desc, unit, stream, LINE_SECONDS if every is None else every)

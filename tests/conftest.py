@@ -152,7 +152,7 @@ def built_once(
     tmp_path_factory, name: str, build: Callable[[Path], object], wait: bool = True
 ) -> Optional[Path]:
     """The folder ``name`` made by ``build(folder)`` once per pytest run and read by every test of
-    it, in whichever pytest-xdist worker (``make test`` runs two): the workers share their base
+    it, in whichever pytest-xdist worker (``make test`` runs one per core): the workers share their base
     temporary folder's parent, and a file lock lets one build while the others wait (or, unless
     ``wait``, get None and do other work first). Tests only read what it holds."""
     from filelock import FileLock, Timeout

@@ -40,10 +40,22 @@ def test_a_log_gets_a_line_every_few_seconds_and_a_short_job_none():
         bar.update(4)
         bar.update(6)
     lines = log.getvalue().splitlines()
-    assert lines[0].startswith("encoding: 4/10 pairs (40%), ") and lines[1].startswith(
-        "encoding: 10/10 pairs"
-    )
+    shown = [line.split(", ")[0] for line in lines]
+    assert shown == ["encoding: 4/10 pairs (40%)", "encoding: 10/10 pairs (100%)"]  # the end once
     assert "\r" not in log.getvalue()  # lines, not a bar redrawn in place
+
+
+def test_no_progress_lines_go_where_the_output_goes_or_nowhere(tmp_path, monkeypatch):
+    """``> out 2>&1``: progress lines would land among the output's lines, so there are none; a
+    closed standard error (``2>&-``) gets none either, and nothing reaches standard output."""
+    with open(tmp_path / "out", "w") as out:
+        monkeypatch.setattr("sys.stdout", out)
+        with progress_bar(3, "translating", "sentences", stream=out, every=0.0) as bar:
+            bar.update(3)
+        monkeypatch.setattr("sys.stderr", None)
+        with progress_bar(3, "translating", "sentences", every=0.0) as bar:
+            bar.update(3)
+    assert (tmp_path / "out").read_text() == ""
 
 
 def run_with(stderr, main, *args):
@@ -56,8 +68,9 @@ def run_with(stderr, main, *args):
 
 @pytest.mark.parametrize("family", ["rnn", "transformer"])
 def test_translate_shows_a_bar_on_a_terminal_and_prints_the_same_translations(
-    family, trained_synthetic_models, tmp_path
+    family, trained_synthetic_models, tmp_path, monkeypatch
 ):
+    monkeypatch.setattr("common.progress_bar.LINE_SECONDS", 600.0)  # no line without a terminal, however slow
     lines = [source for source, _ in reversal_pairs(150, random.Random(3), set())] + [""]
     source = write_lines(tmp_path / "input.txt", lines)
     args = ["--checkpoint", trained_synthetic_models[family].checkpoint, "--input", source, "--beam", "2"]

@@ -47,7 +47,11 @@ MAKEFILE = (ROOT / "Makefile").read_text(encoding="utf-8")
 ENTRY_POINTS = ("train.py", "translate.py")
 SUBCOMMANDS = {"scripts/benchmark.py": ("train", "translate"), "scripts/gpu_check.py": ("prepare", "run")}
 # Options the documents give to other tools, in spans of their own: not the project's to check.
-OTHER_TOOLS = {"--samples_per_plugin": "tensorboard", "--print-alignment": "fairseq"}
+OTHER_TOOLS = {
+    "--samples_per_plugin": "tensorboard",
+    "--print-alignment": "fairseq",
+    "--dist": "pytest-xdist",
+}
 # Placeholders the documents write for a number in an override (``trainer.lr=LR``), and a number.
 NUMBERS = {"LR": "1e-3"}
 OPTION = re.compile(r"^\[?(--?[A-Za-z][\w-]*)")
