@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from alignment.method import Method
+from data.encoding import usable_cores
 from data.tokenizer import Tokenizer
 from inference.ctranslate2_export import ExportError, info_method, read_export, spm_files
 from inference.translator import Translator
@@ -118,6 +119,9 @@ def export_tokenizer(folder: Path, info: Dict[str, Any]) -> Tokenizer:
     return Tokenizer(*models)
 
 
+CT2_DEFAULT_THREADS = 4  # CTranslate2's intra_threads when given 0
+
+
 class CTranslate2Engine:
     """A CTranslate2 ``Translator`` over an export folder, decoding source id lists like ``TorchEngine``."""
 
@@ -133,6 +137,8 @@ class CTranslate2Engine:
     ):
         kind, index = engine_device(device)
         self.device = kind
+        # the engine's own default is 4 threads: more threads than cores wait on each other
+        threads = threads or min(CT2_DEFAULT_THREADS, usable_cores())
         try:
             self.translator = ctranslate2.Translator(
                 str(folder), device=kind, device_index=index, compute_type=compute_type, intra_threads=threads
@@ -242,7 +248,8 @@ def load_translator(
     folder: Union[str, Path], device: str = "auto", threads: int = 0, compute_type: str = "default"
 ) -> Translator:
     """A ``Translator`` over an export of ``scripts/export_ctranslate2.py`` (``inference.ctranslate2_export.ExportError``
-    when ``folder`` is not one). ``threads``: the engine's threads (0: its default); ``compute_type``:
+    when ``folder`` is not one). ``threads``: the engine's threads (0: its default of 4, at most the
+    cores this process may use); ``compute_type``:
     ``default`` runs the stored weight type, ``int8`` / ``float32`` / ... convert when loading."""
     folder = Path(folder)
     info = read_export(folder)
