@@ -95,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         "results.json's decode_dtype: bf16 for a CUDA run with trainer.amp, float32 for a CPU run); "
         "bfloat16 needs CUDA",
     )
-    add("--threads", type=int, default=0, help="CPU threads (0: torch's or the engine's default)")
+    add(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads (0: torch's default; CTranslate2's 4, at most the cores this process may use)",
+    )
     add(
         "--max-len-ratio",
         type=float,
