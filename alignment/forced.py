@@ -27,7 +27,7 @@ Shapes: ``L`` layers, ``H`` heads, ``T`` target pieces, ``S`` source pieces (EOS
 ``B`` sentences.
 """
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -82,24 +82,20 @@ def cross_maps(model: nn.Module, src_ids: Sequence[List[int]], tgt_ids: Sequence
 
 
 def batched_cross_maps(
-    model: nn.Module,
-    src_ids: Sequence[List[int]],
-    tgt_ids: Sequence[List[int]],
-    batch_size: int = 32,
-    progress: Optional[Callable[[int], object]] = None,
+    model: nn.Module, src_ids: Sequence[List[int]], tgt_ids: Sequence[List[int]], batch_size: int = 32
 ) -> List[Tensor]:
     """``cross_maps`` of many sentences, ``batch_size`` of similar length at a time (little padding),
-    returned in their order; ``progress(n)`` is called as each batch of ``n`` is done."""
+    returned in their order (the progress on standard error)."""
     order = sorted(range(len(src_ids)), key=lambda k: (len(tgt_ids[k]), len(src_ids[k])))
     maps: List[Tensor] = [None] * len(src_ids)  # type: ignore[list-item]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        for k, found in zip(
-            chunk, cross_maps(model, [src_ids[k] for k in chunk], [tgt_ids[k] for k in chunk])
-        ):
-            maps[k] = found
-        if progress is not None:
-            progress(len(chunk))
+    with progress_bar(len(order), "attention: forced decoding", "pairs") as bar:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            for k, found in zip(
+                chunk, cross_maps(model, [src_ids[k] for k in chunk], [tgt_ids[k] for k in chunk])
+            ):
+                maps[k] = found
+            bar.update(len(chunk))
     return maps
 
 

@@ -162,7 +162,6 @@ def run(args: argparse.Namespace) -> str:
     from alignment.heads import text_head_stats
     from alignment.words import piece_ids
     from common.device import pick_device
-    from common.progress_bar import progress_bar
     from inference.figures import alignment_grid_figure
     from inference.translator import checkpoint_method, load_model, trained_with_guidance
 
@@ -178,10 +177,7 @@ def run(args: argparse.Namespace) -> str:
     references, gold = references_and_gold(src_words, tgt_words, gold_file, train, langs)
 
     start = time.perf_counter()
-    with progress_bar(len(src_ids), "attention: forced decoding", "pairs") as bar:
-        maps = batched_cross_maps(
-            model, src_with_eos(src_ids), tgt_ids, progress=bar.update
-        )  # (L, H, T + 1, S) each
+    maps = batched_cross_maps(model, src_with_eos(src_ids), tgt_ids)  # (L, H, T + 1, S) each
     predicted, scored = every_method_scored(maps, tokenizer, src_ids, tgt_ids, gold, args.dev)
     seconds, methods, (n_layers, n_heads) = time.perf_counter() - start, list(scored), maps[0].shape[:2]
     chosen = choose(scored)

@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from helpers import (
+    EVERY_CORE,
     ROOT,
     TrainedModel,
     compose,
@@ -29,8 +30,8 @@ def pytest_configure(config):
     processes it starts (train.py and translate.py take their threads from the cores they may use):
     threads that outnumber the cores wait on each other many times over."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
-    if worker and hasattr(os, "sched_setaffinity"):
-        cores = sorted(os.sched_getaffinity(0))
+    if worker and EVERY_CORE:
+        cores = sorted(EVERY_CORE)
         os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
         import torch
 
@@ -294,12 +295,12 @@ def trained_attention_variants(synthetic_corpus, tmp_path_factory) -> Dict[str, 
     families' defaults are (``SYNTHETIC_FAMILIES``, with ``ATTENTION_VARIANTS``' changes): the defaults
     of ``trained_synthetic_models`` as "rnn additive" and "transformer scaled_dot", the other
     functions trained here, once per pytest run."""
-    runs = synthetic_runs("synthetic", synthetic_corpus)
+    runs = synthetic_runs("synthetic", synthetic_corpus)  # the defaults: synthetic_rnn, synthetic_transformer
+    names = {"rnn additive": "synthetic_rnn", "transformer scaled_dot": "synthetic_transformer"}
     for name, (family, attention) in ATTENTION_VARIANTS.items():
-        runs[f"synthetic_{name.replace(' ', '_')}"] = lambda cache, family=family, attention=attention: (
-            synthetic_learning_overrides(synthetic_corpus, cache, family, *attention)
+        names[name] = f"synthetic_{name.replace(' ', '_')}"
+        runs[names[name]] = lambda cache, family=family, attention=attention: synthetic_learning_overrides(
+            synthetic_corpus, cache, family, *attention
         )
     models = trained_all(tmp_path_factory, runs)
-    defaults = {"rnn additive": "synthetic_rnn", "transformer scaled_dot": "synthetic_transformer"}
-    names = {**defaults, **{name: f"synthetic_{name.replace(' ', '_')}" for name in ATTENTION_VARIANTS}}
     return {name: models[run] for name, run in names.items()}
