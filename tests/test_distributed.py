@@ -43,16 +43,16 @@ def torchrun(n: int, *args: str):
     ]
 
 
-@pytest.mark.parametrize(
-    "extra", [[], ["data.alignments=fast_align", "trainer.guided_alignment=0.5"]], ids=["plain", "guided"]
-)
 def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_one_run(
-    multi30k_slice, tmp_path, extra
+    multi30k_slice, tmp_path
 ):
     """2 ranks x 500 tokens against 1 process accumulating 2 x 500 tokens: the same pairs in every
     step (rank r takes batches r, r + 2, ...; accumulation takes 2k, 2k + 1), the same token
     normalisation, so the losses agree up to the order of float additions (the all-reduce sums the
-    ranks' gradients where accumulation adds them in turn): relative 1e-4 after 6 Adam steps."""
+    ranks' gradients where accumulation adds them in turn): relative 1e-4 after 6 Adam steps. With
+    guided alignment, whose loss adds every rank's linked pieces (a collective of its own), so that
+    the training loss and the alignment loss are both checked."""
+    extra = ["data.alignments=fast_align", "trainer.guided_alignment=0.5"]
     cache = tmp_path / "cache"
     single = subprocess.run(
         [
@@ -86,11 +86,11 @@ def test_two_ranks_train_like_one_process_with_the_same_global_batch_and_write_o
     two = scalars(run / "tb", "train/loss")
     assert [s for s, _ in two] == [s for s, _ in one] == list(range(1, STEPS + 1))
     assert [v for _, v in two] == pytest.approx([v for _, v in one], rel=1e-4)
-    if extra:  # guided alignment's loss, every rank's linked pieces together
-        aligned = [v for _, v in scalars(run / "tb", "train/alignment_loss")]
-        assert aligned == pytest.approx(
-            [v for _, v in scalars(tmp_path / "single" / "tb", "train/alignment_loss")], rel=1e-4
-        )
+    # guided alignment's loss, every rank's linked pieces together
+    aligned = [v for _, v in scalars(run / "tb", "train/alignment_loss")]
+    assert aligned == pytest.approx(
+        [v for _, v in scalars(tmp_path / "single" / "tb", "train/alignment_loss")], rel=1e-4
+    )
     assert (
         one[-1][1] < one[0][1] - 0.05
     )  # the steps moved the weights: the comparison is not of six initial losses
@@ -234,18 +234,19 @@ def test_a_two_task_submitit_job_trains_as_two_ranks(multi30k_slice, tmp_path):
 
 
 def test_each_rank_resumes_its_own_dropout_masks(multi30k_slice, tmp_path):
-    """With dropout, each rank draws its own masks: a run stopped after its first evaluation and
-    resumed continues both ranks' generators, so its losses are those of the uninterrupted run (a
-    resume that gave every rank rank 0's generators would give rank 1 other masks)."""
+    """With dropout, each rank draws its own masks: a run continued from the checkpoint of another
+    run's first evaluation continues both ranks' generators, so its losses are those of the
+    uninterrupted run (a resume that gave every rank rank 0's generators would give rank 1 other
+    masks). The checkpoint kept at step 3 (``trainer.keep_last``) is ``last.pt`` as it was then."""
     cache = tmp_path / "cache"
 
-    def run(folder: Path, steps: int, *extra: str) -> subprocess.CompletedProcess:
+    def run(folder: Path, *extra: str) -> subprocess.CompletedProcess:
         args = [
             a
             for a in overrides(folder, multi30k_slice, cache, "trainer.batch_tokens=500")
             if "dropout" not in a
         ]
-        args += ["model.dropout=0.3", "trainer.eval_every=3", f"trainer.max_steps={steps}", *extra]
+        args += ["model.dropout=0.3", "trainer.eval_every=3", *extra]
         command = torchrun(2, *args)
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=300, cwd=tmp_path, preexec_fn=every_core
@@ -253,16 +254,15 @@ def test_each_rank_resumes_its_own_dropout_masks(multi30k_slice, tmp_path):
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         return done
 
-    run(tmp_path / "straight", STEPS)
-    run(tmp_path / "resumed", 3)
-    resumed = run(tmp_path / "resumed", STEPS, "trainer.resume=auto")
-    assert "resume" in (tmp_path / "resumed" / "train.log").read_text()
+    run(tmp_path / "straight", "trainer.keep_last=2")
+    first_evaluation = tmp_path / "straight" / "checkpoints" / "step_0000003.pt"
+    resumed = run(tmp_path / "resumed", f"trainer.resume={first_evaluation}")
+    assert f"resumed from {first_evaluation} at step 3" in (tmp_path / "resumed" / "train.log").read_text()
     assert "is not exact" not in resumed.stdout + resumed.stderr
     straight = scalars(tmp_path / "straight" / "tb", "train/loss")
     assert [s for s, _ in straight] == list(range(1, STEPS + 1))
-    assert (
-        scalars(tmp_path / "resumed" / "tb", "train/loss") == straight
-    )  # bitwise: one machine, one thread a rank
+    # bitwise: one machine, one thread a rank
+    assert scalars(tmp_path / "resumed" / "tb", "train/loss") == straight[3:]
 
 
 def test_the_world_and_the_rank_come_from_torchruns_variables_alone(monkeypatch, tmp_path):
