@@ -92,8 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto", "float32", "bfloat16"),
         default="auto",
         help="precision of the torch engine: auto decodes as the run was validated and tested (its "
-        "results.json's decode_dtype: bf16 for a CUDA run with trainer.amp, float32 for a CPU run); "
-        "bfloat16 needs CUDA",
+        "results.json's decode_dtype), in float32 where a CPU has no native bf16",
     )
     add(
         "--threads",

@@ -1,9 +1,12 @@
 """Where and how the model runs: the torch device, CPU threads and numeric precision.
 
 One precision rule serves training, validation, the test decoding and ``translate.py``: with
-``amp`` the forward passes run under bf16 autocast on CUDA; otherwise, and always on the CPU,
-in float32 (TF32 matrix products on CUDA when ``trainer.tf32``). A checkpoint records the
-precision its run was validated in, and ``translate.py --dtype auto`` decodes in it.
+``amp`` the forward passes run under bf16 autocast (on CUDA, or on a CPU); otherwise in float32
+(TF32 matrix products on CUDA when ``trainer.tf32``). ``trainer.amp=auto`` (``amp_choice``) takes
+bf16 where the hardware computes in it: every CUDA device, and CPUs whose feature flags show native
+bf16 (AVX-512 BF16, AMX, Arm's BF16); elsewhere bf16 is emulated and much slower than float32. A
+checkpoint records the precision its run was validated in, and ``translate.py --dtype auto``
+decodes in it where this machine runs it natively.
 """
 
 import functools
@@ -11,7 +14,8 @@ import logging
 import os
 from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import Any, Callable, ContextManager, Dict, Iterator, Optional
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Dict, Iterator, Optional, Set, Tuple
 
 import torch
 
@@ -19,6 +23,9 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("auto", "float32", "bfloat16")  # translate.py --dtype, Translator(dtype=...)
 PRECISIONS = ("float32", "tf32", "bfloat16")  # what forward passes run in (precision_name)
+# CPU feature flags of native bf16 arithmetic: x86's AVX-512 BF16 and AMX's bf16 tiles
+# (/proc/cpuinfo "flags"), Arm's FEAT_BF16 ("Features")
+NATIVE_BF16 = ("avx512_bf16", "amx_bf16", "bf16")
 
 
 def gpu_of_its_own() -> bool:
@@ -116,9 +123,52 @@ def set_threads(device: torch.device, num_threads: Optional[int] = None) -> None
     torch.set_num_threads(num_threads or max(1, cores // int(os.environ.get("LOCAL_WORLD_SIZE", 1))))
 
 
+def cpu_flags(cpuinfo: str) -> Set[str]:
+    """The feature flags of the first processor in the text of ``/proc/cpuinfo`` (x86's ``flags``
+    line, Arm's ``Features``); empty when it has neither."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+@functools.lru_cache(maxsize=None)
+def native_bf16() -> Tuple[str, ...]:
+    """This machine's CPU flags of native bf16 (``NATIVE_BF16``); none where ``/proc/cpuinfo``
+    cannot be read (not Linux): such a CPU trains in float32 under ``trainer.amp=auto``."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ()
+    return tuple(sorted(cpu_flags(text) & set(NATIVE_BF16)))
+
+
+def amp_choice(amp: str, device: torch.device, bf16_flags: Tuple[str, ...]) -> Tuple[bool, str]:
+    """Whether the forward passes run under bf16 autocast for ``trainer.amp`` (auto, true, false) on
+    ``device``, given the CPU's native bf16 flags (``native_bf16``), and the reason, said once in
+    ``train.log``. ``auto``: bf16 on CUDA and on a CPU with native bf16, float32 elsewhere (on a CPU
+    without it bf16 is emulated: a Transformer's step measured 23x slower on an AVX2 machine);
+    ``true``: bf16 on either; ``false``: never."""
+    if amp == "false" or device.type not in ("cuda", "cpu"):
+        return False, f"trainer.amp={amp}: float32"
+    if device.type == "cuda":
+        return True, f"trainer.amp={amp}: bf16 autocast on CUDA"
+    if bf16_flags:
+        return True, f"trainer.amp={amp}: bf16 autocast, this CPU computes in bf16 ({', '.join(bf16_flags)})"
+    if amp == "true":
+        return True, (
+            "trainer.amp=true: bf16 autocast on a CPU without native bf16 (no avx512_bf16 or amx_bf16 flag), "
+            "emulated and much slower than float32; trainer.amp=auto trains in float32 here"
+        )
+    return False, "trainer.amp=auto: float32, this CPU has no native bf16 (no avx512_bf16 or amx_bf16 flag)"
+
+
 def precision_name(device: torch.device, amp: bool, tf32: bool) -> str:
-    """The precision forward passes run in: ``bfloat16`` (autocast), ``tf32`` (float32 tensors,
-    TF32 matrix products) or ``float32``. Only CUDA has the first two: the CPU is always float32."""
+    """The precision forward passes run in: ``bfloat16`` (autocast, on CUDA or a CPU), ``tf32``
+    (float32 tensors, TF32 matrix products: CUDA only) or ``float32``."""
+    if device.type == "cpu":
+        return "bfloat16" if amp else "float32"
     if device.type != "cuda":
         return "float32"
     return "bfloat16" if amp else "tf32" if tf32 else "float32"
@@ -139,15 +189,21 @@ def run_precision(payload: Dict[str, Any]) -> Dict[str, bool]:
     if "precision" in payload:
         return precision_flags(payload["precision"])
     trainer = (payload.get("config") or {}).get("trainer") or {}
-    return {"amp": bool(trainer.get("amp", False)), "tf32": bool(trainer.get("tf32", False))}
+    return {"amp": trainer.get("amp") is True, "tf32": bool(trainer.get("tf32", False))}
 
 
-def decode_precision(dtype: Optional[str], payload: Dict[str, Any]) -> Dict[str, bool]:
-    """``amp`` and ``tf32`` of decoding a checkpoint ``payload`` with ``dtype`` (``DTYPES``; None or
-    ``auto``: as its run was validated and tested, so that ``translate.py`` and ``results.json``
-    agree)."""
+def decode_precision(
+    dtype: Optional[str], payload: Dict[str, Any], device: torch.device, bf16_flags: Tuple[str, ...] = ()
+) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of decoding a checkpoint ``payload`` on ``device`` with ``dtype``
+    (``DTYPES``; None or ``auto``: as its run was validated and tested, so that ``translate.py`` and
+    ``results.json`` agree, except that a run validated in bf16 decodes in float32 on a CPU without
+    native bf16, ``bf16_flags`` empty: emulated bf16 would be many times slower)."""
     if dtype in (None, "auto"):
-        return run_precision(payload)
+        flags = run_precision(payload)
+        if device.type == "cpu" and not bf16_flags:
+            flags["amp"] = False
+        return flags
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     return {"amp": dtype == "bfloat16", "tf32": False}
@@ -171,18 +227,18 @@ def tf32_only_inside(tf32: bool) -> Iterator[None]:
 
 
 def autocast_for(device: torch.device, amp: bool) -> Callable[[], ContextManager]:
-    """A factory of the autocast context of a forward pass: bf16 on CUDA when ``amp``, else none."""
-    if device.type == "cuda" and amp:
-        return partial(torch.autocast, device_type="cuda", dtype=torch.bfloat16)
+    """A factory of the autocast context of a forward pass: bf16 on CUDA or a CPU when ``amp``, else none."""
+    if amp and device.type in ("cuda", "cpu"):
+        return partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
     return nullcontext
 
 
 def use_precision(device: torch.device, amp: bool, tf32: bool) -> Callable[[], ContextManager]:
     """The factory of a forward pass's precision context on ``device`` for code that shares its
     process (the Translator): ``autocast_for``, with TF32 as ``tf32`` inside and the process's own
-    setting back after (a training sets its TF32 once, ``set_tf32``). None on the CPU."""
+    setting back after (a training sets its TF32 once, ``set_tf32``). On a CPU: ``autocast_for``."""
     if device.type != "cuda":
-        return nullcontext
+        return autocast_for(device, amp)
     autocast = autocast_for(device, amp)
 
     @contextmanager

@@ -33,7 +33,7 @@ from alignment.method import DEFAULT_METHOD, Method, default_method
 from alignment.scores import pharaoh
 from alignment.words import piece_words
 from common.checkpoint import CheckpointError, load_checkpoint
-from common.device import decode_precision, pick_device, precision_name, use_precision
+from common.device import decode_precision, native_bf16, pick_device, precision_name, use_precision
 from data.batching import pad, source_mask
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from data.tokenizer import Tokenizer
@@ -185,11 +185,13 @@ def default_alpha(payload: Dict[str, Any]) -> float:
     return 1.0 if value is None else float(value)
 
 
-def shared_precision(dtype: Optional[str], payloads: Sequence[Dict[str, Any]]) -> Dict[str, bool]:
-    """``amp`` and ``tf32`` of decoding checkpoints together with ``dtype`` (``decode_precision`` of
-    each): a flag is on only when it is on for every one (auto: bf16 only when every run was
-    validated in it)."""
-    precisions = [decode_precision(dtype, payload) for payload in payloads]
+def shared_precision(
+    dtype: Optional[str], payloads: Sequence[Dict[str, Any]], device: torch.device
+) -> Dict[str, bool]:
+    """``amp`` and ``tf32`` of decoding checkpoints together on ``device`` with ``dtype``
+    (``decode_precision`` of each): a flag is on only when it is on for every one (auto: bf16 only
+    when every run was validated in it, and the device computes in bf16)."""
+    precisions = [decode_precision(dtype, payload, device, native_bf16()) for payload in payloads]
     return {flag: all(p[flag] for p in precisions) for flag in precisions[0]}
 
 
@@ -333,9 +335,10 @@ class Translator:
 
         ``device``: None or ``"auto"`` (CUDA when there is one), ``"cpu"``, ``"cuda:N"`` or a torch
         device. ``dtype``: None or ``"auto"`` decodes in the precision the run was validated and
-        tested in (the checkpoint's ``precision``: bf16 autocast for a CUDA run with ``trainer.amp``,
-        float32 for a CPU run), as its ``results.json`` scores were; ``"float32"`` or ``"bfloat16"``
-        choose (bf16: CUDA only). The default length penalty is the run's ``trainer.length_penalty``,
+        tested in (the checkpoint's ``precision``: bf16 autocast for a run with ``trainer.amp`` on
+        CUDA or on a CPU with native bf16, else float32), as its ``results.json`` scores were, except
+        that bf16 decodes in float32 on a CPU without native bf16; ``"float32"`` or ``"bfloat16"``
+        choose. The default length penalty is the run's ``trainer.length_penalty``,
         else 1.0.
         """
         return cls.from_checkpoints([path], device, dtype)
@@ -358,8 +361,6 @@ class Translator:
         if not paths:
             raise ValueError("Translator.from_checkpoints: no checkpoint given")
         device = pick_device("auto" if device is None else str(device))
-        if dtype == "bfloat16" and device.type != "cuda":
-            raise ValueError(f"--dtype bfloat16 decodes on CUDA only, not on {device}: use float32 or auto")
         loaded = [load_model(Path(path), device) for path in paths]
         for path, (_, _, payload) in zip(paths[1:], loaded[1:]):
             check_same_vocabulary(paths[0], loaded[0][2], path, payload)
@@ -367,7 +368,7 @@ class Translator:
         payloads = [payload for _, _, payload in loaded]
         model = models[0] if len(models) == 1 else Ensemble(models)
         engine = TorchEngine(
-            model, device, **shared_precision(dtype, payloads), method=shared_method(payloads)
+            model, device, **shared_precision(dtype, payloads, device), method=shared_method(payloads)
         )
         return cls(engine, loaded[0][1], mean_alpha(payloads))
 

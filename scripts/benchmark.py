@@ -337,14 +337,13 @@ def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
     steps (``training/efficiency.py``)."""
     import torch
 
-    from common.device import precision_name
     from training.efficiency import mfu, peak_tflops, profiled_kernels, split, step_flops
 
     device, tc = trainer.setup.device, trainer.setup.tc
     batches = [trainer.collate(b, trainer.progress.epoch) for b in list(trainer.sampler)[:FLOP_BATCHES]]
     flops = step_flops(trainer.setup.model, batches, tc, trainer.setup.world, device, trainer.setup.autocast)
     per_token = flops / sum(b.n_tgt_tokens for b in batches)
-    precision = precision_name(device, tc.amp, tc.tf32)
+    precision = trainer.setup.precision
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = peak_tflops(name, precision)
     achieved = per_token * tokens_per_second

@@ -28,7 +28,10 @@ TEST_SECONDS = 600  # far above the slowest test: a test that hangs fails, not t
 def pytest_configure(config):
     """A pytest-xdist worker (``make test`` runs one per core) keeps to a core of its own, it and the
     processes it starts (train.py and translate.py take their threads from the cores they may use):
-    threads that outnumber the cores wait on each other many times over."""
+    threads that outnumber the cores wait on each other many times over. The modules go to the
+    workers in ``pytest_collection_modifyitems``'s order, not pytest-xdist's own (most tests first)."""
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's --no-loadscope-reorder
+        config.option.loadscopereorder = False
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
     if worker and EVERY_CORE:
         cores = sorted(EVERY_CORE)
@@ -38,11 +41,35 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+# The modules that take longest under `make test` (docs/development.md, "Where the suite's time
+# goes"), longest first; the others follow in their own order.
+LONGEST_FIRST = (
+    "test_ctranslate2",  # its set-up trains the slice's Transformer and the attention variants
+    "test_faults",
+    "test_distributed",
+    "test_align",
+    "test_readme_commands",
+    "test_store",
+    "test_compare",
+    "test_train_run",
+    "test_bad_inputs",
+    "test_viewer_browser",
+    "test_benchmark",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """The modules with slow tests first (the order is otherwise kept): the workers take modules in
-    this order, so the long ones start early and the workers end together."""
+    """The longest modules first (``LONGEST_FIRST``), then those with slow tests, the order
+    otherwise kept: pytest-xdist's workers take modules in this order, so the long ones start early
+    and the workers end together, on the short ones."""
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in slow_modules)
+
+    def rank(item) -> tuple:
+        name = item.module.__name__
+        first = LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return first, name not in slow_modules
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(autouse=True)

@@ -276,6 +276,7 @@ def test_an_ensembles_defaults_come_from_every_run():
     rnn = {"config": {"trainer": {"length_penalty": 1.0}}, "precision": "float32"}
     transformer = {"config": {"trainer": {"length_penalty": 1.2}}, "precision": "bfloat16"}
     assert mean_alpha([rnn, transformer]) == pytest.approx(1.1)
-    assert shared_precision("auto", [transformer, transformer])["amp"]
-    assert not shared_precision("auto", [rnn, transformer])["amp"]  # bf16 only when every run was
-    assert shared_precision("bfloat16", [rnn, transformer])["amp"]  # asked for: every member
+    cuda = torch.device("cuda", 0)
+    assert shared_precision("auto", [transformer, transformer], cuda)["amp"]
+    assert not shared_precision("auto", [rnn, transformer], cuda)["amp"]  # bf16 only when every run was
+    assert shared_precision("bfloat16", [rnn, transformer], cuda)["amp"]  # asked for: every member

@@ -243,7 +243,7 @@ def test_train_py_on_cuda_records_the_device_and_the_decoding_precision(multi30k
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads((run / "results.json").read_text())
     assert results["device"].startswith("cuda") and results["steps"] == 20
-    assert results["decode_dtype"] == "bfloat16"  # trainer.amp is true by default
+    assert results["decode_dtype"] == "bfloat16"  # trainer.amp=auto (the default) on CUDA
     assert Translator.from_checkpoint(run / "checkpoints" / "best.pt", device="cuda").dtype == "bfloat16"
 
 

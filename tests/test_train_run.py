@@ -1,6 +1,8 @@
 """End to end: a few steps of ``train(cfg)`` on a real Multi30k slice, composed like ``train.py``."""
 
 import json
+import logging
+import math
 import re
 import socket
 import subprocess
@@ -14,6 +16,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from common.device import native_bf16
 from training.run import train
 
 from helpers import ROOT, SPLIT, TINY_RNN, TINY_TRANSFORMER
@@ -138,6 +141,23 @@ def test_rnn_run_draws_its_additive_attention(multi30k_slice, compose_config, tm
     assert images == {"attention/sent0/cross_layer1", "attention/sent1/cross_layer1"}
 
 
+def test_amp_true_trains_validates_and_decodes_a_cpu_run_in_bf16(
+    multi30k_slice, compose_config, tmp_path, caplog
+):
+    """``trainer.amp=true`` on a CPU: bf16 autocast (emulated where the CPU has no native bf16, so
+    two steps of the tiny Transformer); the checkpoint and ``results.json`` say so, and
+    ``translate.py --dtype auto`` decodes it as ``common.device.decode_precision`` says."""
+    overrides = run_overrides(multi30k_slice, tmp_path / "cache", *TINY_TRANSFORMER, "trainer.amp=true")
+    overrides += ["trainer.max_steps=2", "trainer.attention_samples=0", "trainer.beam_size=1"]
+    with caplog.at_level(logging.INFO, logger="training.trainer"):
+        results = train(compose_config(overrides), tmp_path / "run")
+    assert "precision: trainer.amp=true: bf16 autocast" in caplog.text
+    assert results["decode_dtype"] == "bfloat16" and math.isfinite(results["valid"]["loss"])
+    payload = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert payload["precision"] == "bfloat16"
+    assert all(t.dtype == torch.float32 for t in payload["model"].values())  # autocast: float32 weights
+
+
 def test_the_debug_experiment_writes_every_output_of_a_run(multi30k_slice, tmp_path):
     """``python train.py +experiment=debug data.root=DIR`` as docs/training.md gives it, on the slice:
     the tiny Transformer evaluated twice, every file a real run writes."""
@@ -179,6 +199,9 @@ def test_the_debug_experiment_writes_every_output_of_a_run(multi30k_slice, tmp_p
     tags = scalar_and_image_tags(run / "tb")
     assert {"train/loss", "valid/bleu", "valid/chrf", "entropy/cross/layer1/head1"} <= set(tags["scalars"])
     assert "collapsed" not in (run / "train.log").read_text()  # a healthy run says nothing of it
+    # trainer.amp=auto: bf16 where this CPU has native bf16, float32 elsewhere, said once
+    (precision,) = [line for line in (run / "train.log").read_text().splitlines() if "precision: " in line]
+    assert ("bf16 autocast" in precision) == bool(native_bf16()) and "trainer.amp=auto" in precision
     assert tags["images"] and all(tag.startswith("attention/sent0/") for tag in tags["images"])
     assert {tag for tag in tags["tensors"] if tag.startswith("samples/")} == {"samples/sent0/text_summary"}
 

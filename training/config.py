@@ -17,6 +17,7 @@ from models.config import RNNConfig, TransformerConfig, config_from_dict
 from training.schedule import FITTED, SCHEDULES
 
 OPTIMIZERS = ("adam", "adamw")  # training/setup.py make_optimizer
+AMP = ("auto", "true", "false")  # trainer.amp: common/device.py amp_choice
 
 
 @dataclass
@@ -82,7 +83,9 @@ class TrainerConfig:
     # weights (one an epoch), the EMA off.
     ema_decay: Optional[float] = None
     average_last: Optional[int] = 3
-    amp: bool = True  # bf16 autocast on CUDA (CPU always trains in float32)
+    # bf16 autocast of the forward passes: auto (on CUDA, and on a CPU with native bf16: AVX-512 BF16,
+    # AMX; float32 elsewhere), true (also where a CPU emulates bf16, much slower) or false (float32)
+    amp: str = "auto"
     # TF32 matrix products for the float32 work on CUDA (Ampere and later: about 8x float32's
     # throughput, a 10-bit mantissa); false: full float32. The CPU ignores it.
     tf32: bool = True
@@ -142,6 +145,7 @@ def trainer_config(node: DictConfig) -> TrainerConfig:
     """The ``trainer`` node as ``TrainerConfig``, with the range checks its types cannot express."""
     check_keys(node, TrainerConfig, "trainer")
     tc: TrainerConfig = OmegaConf.to_object(node)
+    tc.amp = str(tc.amp).lower()  # trainer.amp=true comes as a boolean, kept as the text "True"
     check_trainer_config(tc)
     return tc
 
@@ -176,6 +180,8 @@ def check_trainer_config(tc: TrainerConfig) -> None:
             raise ValueError(f"trainer.{key} must be 0 or more, got {getattr(tc, key)}")
     if len(tc.betas) != 2 or not all(0.0 <= beta < 1.0 for beta in tc.betas):
         raise ValueError(f"trainer.betas must be two numbers in [0, 1), got {list(tc.betas)}")
+    if tc.amp not in AMP:
+        raise ValueError(f"trainer.amp must be one of {', '.join(AMP)}, got {tc.amp!r}")
     if tc.optimizer not in OPTIMIZERS:
         raise ValueError(f"trainer.optimizer must be {' or '.join(OPTIMIZERS)}, got {tc.optimizer!r}")
     if tc.schedule not in SCHEDULES:

@@ -8,7 +8,6 @@ from typing import Dict, List, Optional
 
 import torch
 
-from common.device import precision_name
 from training.config import TrainerConfig
 from training.distributed import World
 
@@ -131,9 +130,10 @@ def log_window(p: Progress, window: LogWindow, total_steps: Optional[int]) -> Di
     return scalars
 
 
-def describe_setup(model: str, params: int, device: torch.device, world: World, tc: TrainerConfig) -> str:
-    """The log line of what trains where: model, parameters, device, threads (and the DDP world)."""
-    precision = precision_name(device, tc.amp, tc.tf32)
+def describe_setup(
+    model: str, params: int, device: torch.device, precision: str, world: World, tc: TrainerConfig
+) -> str:
+    """The log line of what trains where: model, parameters, device, precision, threads (and the DDP world)."""
     line = f"model: {model}, {params:,} parameters, device {device} ({precision}), {torch.get_num_threads()} threads"
     if world.distributed:
         backend = "NCCL" if device.type == "cuda" else "gloo"

@@ -16,7 +16,16 @@ from omegaconf import DictConfig
 from torch import nn
 
 from alignment.reference import attach_links
-from common.device import attention_kernels, autocast_for, pick_device, precision_name, set_tf32, set_threads
+from common.device import (
+    amp_choice,
+    attention_kernels,
+    autocast_for,
+    native_bf16,
+    pick_device,
+    precision_name,
+    set_tf32,
+    set_threads,
+)
 from data.config import DataConfig
 from data.pipeline import PreparedData, prepare_data
 from data.specials import PAD_ID
@@ -38,6 +47,7 @@ class Setup:
     device: torch.device
     autocast: Callable[[], ContextManager]  # the precision of training, validation and test decoding
     precision: str  # its name (float32, tf32, bfloat16): translate.py's --dtype auto takes it
+    precision_reason: str  # why (trainer.amp and the device's bf16), said once in train.log
     world: World
     tc: TrainerConfig
     model_cfg: ModelConfig
@@ -84,6 +94,7 @@ def make_setup(
     optimizer = make_optimizer(model, tc)
     # one precision for training, validation and the test decoding (translate.py takes the same);
     # TF32 for the whole process, so that the backward pass has it too
+    amp, reason = amp_choice(tc.amp, device, native_bf16())
     if device.type == "cuda":
         set_tf32(tc.tf32)
         attention_kernels(device, cudnn=tc.cudnn_attention)
@@ -96,8 +107,9 @@ def make_setup(
         forward,
         optimizer,
         device,
-        autocast_for(device, tc.amp),
-        precision_name(device, tc.amp, tc.tf32),
+        autocast_for(device, amp),
+        precision_name(device, amp, tc.tf32),
+        reason,
         world,
         tc,
         model_cfg,

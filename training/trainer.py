@@ -371,16 +371,9 @@ class Trainer:
 
     def log_start(self) -> None:
         log.info("%s", format_stats(dict(self.setup.data.stats, batches=batch_stats(self.sampler))))
-        log.info(
-            "%s",
-            describe_setup(
-                self.setup.model_cfg.name,
-                self.setup.params,
-                self.setup.device,
-                self.setup.world,
-                self.setup.tc,
-            ),
-        )
+        s = self.setup
+        log.info("%s", describe_setup(s.model_cfg.name, s.params, s.device, s.precision, s.world, s.tc))
+        log.info("precision: %s", s.precision_reason)
         log.info("%s", self.schedule.describe())
 
     def log_steps(self) -> None:
