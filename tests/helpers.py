@@ -197,6 +197,12 @@ def tiny_model_config(family: str):
     return model_config(compose(TINY[family]).model)
 
 
+# The suite's runs compute in float32 on every CPU: trainer.amp=auto would take bf16 where a CPU has
+# it (AVX-512 BF16, AMX) and change the figures their tests compare (test_train_run.py trains in
+# bf16 where that is what it tests).
+FLOAT32 = ["trainer.amp=false"]
+
+
 def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
     """``train.py`` overrides of a quick run of the tiny RNN in ``run_dir``: no epoch limit, no
     attention images, greedy test decoding, one thread; ``extra`` sets the steps and the rest."""
@@ -207,6 +213,7 @@ def tiny_run(run_dir: Path, data_root: Path, cache: Path, *extra: str):
         "data.vocab_size=500",
         *TINY_RNN,
         "device=cpu",  # what these runs test is the CPU path, also on a machine with GPUs (gpu tests: test_gpu.py)
+        *FLOAT32,
         "trainer.max_epochs=null",
         "trainer.attention_samples=0",
         "trainer.beam_size=1",
@@ -332,6 +339,7 @@ def learning_overrides(slice_dir: Path, cache: Path, family: str, *extra: str) -
         f"data.cache_dir={cache}",
         f"data.train_limit={LEARNING_PAIRS}",
         "data.vocab_size=600",
+        *FLOAT32,
         "trainer.batch_tokens=2000",
         "trainer.schedule=constant",
         "trainer.warmup_steps=20",
@@ -448,6 +456,7 @@ def synthetic_learning_overrides(root: Path, cache: Path, family: str, *extra: s
         f"data.cache_dir={cache}",
         f"data.vocab_size={VOCAB_SIZE}",
         "device=cpu",
+        *FLOAT32,
         *LEARNING_ONLY,
         "trainer.beam_size=1",
         "trainer.num_threads=1",

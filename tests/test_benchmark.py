@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from common.device import native_bf16
+
 from helpers import ROOT, load_script
 
 pytestmark = pytest.mark.slow  # a real benchmark run (and a trained model)
@@ -37,7 +39,8 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     assert abs(rate - row["tgt_tokens_per_s"]) / rate < 0.01
     assert abs(row["epoch_minutes"] - row["epoch_tgt_tokens"] / row["tgt_tokens_per_s"] / 60) < 0.01
     # the FLOPs of a step are counted; a CPU has no known peak, so no MFU, and no CUDA profile
-    assert row["precision"] == "float32" and row["compile"] is False
+    # trainer.amp=auto: bf16 on a CPU that has it
+    assert row["precision"] == ("bfloat16" if native_bf16() else "float32") and row["compile"] is False
     flops = row["gflops_per_tgt_token"] * 1e9 * row["tgt_tokens_per_s"]
     assert row["gflops_per_tgt_token"] > 0 and abs(flops / 1e12 - row["tflops_per_s"]) < 1e-3
     assert row["mfu"] is None and row["peak_tflops"] is None and "profile" not in row

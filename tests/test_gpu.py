@@ -232,6 +232,7 @@ def test_train_py_on_cuda_records_the_device_and_the_decoding_precision(multi30k
                 multi30k_slice,
                 tmp_path / "cache",
                 "device=cuda",
+                "trainer.amp=auto",  # the default, which tiny_run pins to float32 for the CPU
                 "trainer.max_steps=20",
                 "trainer.eval_every=10",
             ),
