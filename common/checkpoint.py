@@ -15,7 +15,7 @@ from typing import IO, Any, Dict
 
 import torch
 
-from common.files import AtomicFile
+from common.files import AtomicFile, same_file
 
 FORMAT = 1
 
@@ -59,6 +59,21 @@ def save_checkpoint(payload: Dict[str, Any], path: Path) -> None:
         before = f"the previous {path.name} is intact" if path.is_file() else f"no {path.name} was written"
         reason = cause.strerror or str(cause)
         raise CheckpointError(f"cannot write checkpoint {path}: {reason}; {before}") from None
+
+
+def link_checkpoint(source: Path, target: Path) -> None:
+    """``target`` becomes the checkpoint ``source`` (``common.files.same_file``: a hard link, its
+    bytes not written twice), whole or not at all; a failure raises ``CheckpointError`` as
+    ``save_checkpoint``'s do."""
+    try:
+        same_file(source, target)
+    except OSError as error:
+        before = (
+            f"the previous {target.name} is intact" if target.is_file() else f"no {target.name} was written"
+        )
+        raise CheckpointError(
+            f"cannot write checkpoint {target}: {error.strerror or error}; {before}"
+        ) from None
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:

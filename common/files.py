@@ -112,6 +112,26 @@ class AtomicFolder(Atomic):
         return self.tmp
 
 
+def same_file(source: Path, target: Path) -> None:
+    """``target`` made the file ``source`` is, whole or not at all: a hard link beside ``target``
+    (its bytes are not written again) renamed over it; a copy through ``AtomicFile`` where the file
+    system has no hard links. The two names stay the same bytes because no file here is written in
+    place: each is replaced by a rename."""
+    source, target = Path(source), Path(target)
+    link = target.parent / f".{target.name}.{os.urandom(4).hex()}.tmp"
+    try:
+        os.link(source, link)
+    except OSError:  # no hard links on this file system (or across two): a copy
+        with open(source, "rb") as read, AtomicFile(target, "wb") as out:
+            shutil.copyfileobj(read, out)
+        return
+    try:
+        os.replace(link, target)
+    except BaseException:
+        link.unlink(missing_ok=True)
+        raise
+
+
 def write_lines(path: Path, lines: Iterable[str]) -> None:
     """A text file of ``lines``, one a line (UTF-8), written whole or not at all."""
     with AtomicFile(path) as out:

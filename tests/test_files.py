@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.files import AtomicFile, AtomicFolder, write_lines
+from common.files import AtomicFile, AtomicFolder, same_file, write_lines
 
 
 def leftovers(folder: Path, name: str):
@@ -177,3 +177,27 @@ def test_a_folder_prefix_names_the_temporary_folder(tmp_path):
     assert staging.tmp.name.startswith(".key.host.123.") and staging.tmp.name.endswith(".tmp")
     staging.discard()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_same_file_links_the_target_to_the_source_and_replaces_it_whole(old, tmp_path):
+    source = tmp_path / "last.pt"
+    source.write_bytes(b"weights of step 9")
+    same_file(source, old)  # an existing target: replaced by the link's rename
+    assert old.samefile(source) and old.read_bytes() == b"weights of step 9"
+    with AtomicFile(source, "wb") as out:  # the source replaced later, as every save replaces it
+        out.write(b"weights of step 12")
+    assert old.read_bytes() == b"weights of step 9"  # the target keeps the file it was given
+    assert leftovers(tmp_path, old.name) == []
+
+
+def test_same_file_copies_where_the_file_system_has_no_hard_links(old, tmp_path, monkeypatch):
+    source = tmp_path / "last.pt"
+    source.write_bytes(b"weights")
+
+    def no_links(*args):
+        raise OSError(1, "Operation not permitted")  # what a file system without hard links answers
+
+    monkeypatch.setattr(os, "link", no_links)
+    same_file(source, old)
+    assert old.read_bytes() == b"weights" and not old.samefile(source)
+    assert leftovers(tmp_path, old.name) == []

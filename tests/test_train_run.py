@@ -53,9 +53,16 @@ def scalar_and_image_tags(tb_dir: Path):
 
 def test_run_folder_holds_checkpoints_results_and_hypotheses(transformer_run, multi30k_slice):
     out, results = transformer_run
-    assert (out / "checkpoints" / "best.pt").is_file() and (out / "checkpoints" / "last.pt").is_file()
+    best, last = out / "checkpoints" / "best.pt", out / "checkpoints" / "last.pt"
+    assert best.is_file() and last.is_file()
     saved = json.loads((out / "results.json").read_text())
     assert saved == json.loads(json.dumps(results))
+    # best.pt: the checkpoint of the first evaluation with the best BLEU, written once (a hard link of
+    # last.pt as it was then; still last.pt's file when the last evaluation was the best)
+    bleus = [h["bleu"] for h in saved["valid_history"]]
+    best_step = saved["valid_history"][bleus.index(max(bleus))]["step"]
+    assert torch.load(best, weights_only=True)["progress"]["step"] == best_step
+    assert best.samefile(last) == (best_step == saved["valid_history"][-1]["step"])
     for key in (
         "model",
         "params",

@@ -7,17 +7,14 @@ Both smooth out the noise of the last updates; the averaged weights are an ordin
 saved as an ordinary checkpoint that ``translate.py`` and ``scripts/compare.py`` take.
 """
 
-import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from common.checkpoint import CheckpointError, load_checkpoint
-from common.files import AtomicFile
+from common.checkpoint import CheckpointError, link_checkpoint, load_checkpoint
 
 STEP_CHECKPOINT = re.compile(r"step_(\d+)\.pt$")
 
@@ -29,14 +26,9 @@ def step_checkpoints(folder: Path) -> List[Path]:
 
 
 def keep_recent(folder: Path, step: int, keep: int) -> None:
-    """Keep ``last.pt`` as ``step_<step>.pt`` too (a hard link: no second write), and only the ``keep`` newest of those."""
-    kept = folder / f"step_{step:07d}.pt"
-    kept.unlink(missing_ok=True)
-    try:
-        os.link(folder / "last.pt", kept)
-    except OSError:  # no hard links on this file system: a copy, atomic like every checkpoint write
-        with open(folder / "last.pt", "rb") as source, AtomicFile(kept, "wb") as out:
-            shutil.copyfileobj(source, out)
+    """Keep ``last.pt`` as ``step_<step>.pt`` too (``link_checkpoint``: no second write), and only
+    the ``keep`` newest of those."""
+    link_checkpoint(folder / "last.pt", folder / f"step_{step:07d}.pt")
     for old in step_checkpoints(folder)[:-keep]:
         old.unlink()
 

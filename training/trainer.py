@@ -15,12 +15,12 @@ import time
 from contextlib import closing
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from common.checkpoint import CheckpointError, link_checkpoint, load_checkpoint, save_checkpoint
 from data.batching import Batch, TokenBucketSampler, collate
 from data.corpus import TRAIN, VALID
 from data.loading import collated
@@ -231,8 +231,8 @@ class Trainer:
         self.board.flush()
         payload = self.checkpoint(self.rank_rngs())  # the generators as they are after validating
         self.save(payload, "last.pt")
-        if improved:
-            self.save(payload, "best.pt")
+        if improved:  # the same bytes, written once: best.pt is last.pt's file
+            self.save_as("last.pt", "best.pt")
         if self.ema is not None:
             self.save(self.weights_checkpoint(self.ema.state_dict()), "ema.pt")
         keep = max(self.setup.tc.keep_last or 0, self.setup.tc.average_last or 0)
@@ -283,8 +283,16 @@ class Trainer:
     def save(self, payload: Dict[str, Any], name: str) -> None:
         """Write ``checkpoints/<name>``; a write that fails (a full disk) stops the run in one line
         that says what to do (the checkpoint it was to replace is intact)."""
+        self.saving(lambda: save_checkpoint(payload, self.ckpt_dir / name))
+
+    def save_as(self, source: str, name: str) -> None:
+        """``checkpoints/<name>`` made the checkpoint ``checkpoints/<source>`` (a hard link), as ``save``."""
+        self.saving(lambda: link_checkpoint(self.ckpt_dir / source, self.ckpt_dir / name))
+
+    def saving(self, write: Callable[[], None]) -> None:
+        """Run a checkpoint ``write``; its ``CheckpointError`` stops the run in one line that says what to do."""
         try:
-            save_checkpoint(payload, self.ckpt_dir / name)
+            write()
         except CheckpointError as error:
             then = (
                 f"continue with: {resume_command(self.setup.out_dir)}"
