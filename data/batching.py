@@ -17,6 +17,7 @@ sequence shifted), which is what the encoder and decoder compute over. Sorting p
 before packing keeps the padding low.
 """
 
+import functools
 from dataclasses import dataclass
 from itertools import chain
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -179,8 +180,9 @@ class Batch:
         """``source_mask`` of the source ids: ``(B, S)``, True at real tokens."""
         return source_mask(self.src)  # (B, S)
 
-    @property
+    @functools.cached_property
     def n_tgt_tokens(self) -> int:
+        """The target tokens (EOS included): read once, from the batch as collated on the host."""
         return int(self.tgt_lengths.sum())
 
 

@@ -11,7 +11,7 @@ from data.corpus import TRAIN
 from data.loading import collated
 from training.trainer import Trainer
 
-from helpers import scalars
+from helpers import HostReads, scalars
 
 TINY = [
     "model.d_model=32",
@@ -269,3 +269,45 @@ def test_training_with_workers_stops_resumes_and_crosses_epochs_as_one_process_d
     assert str(os.getpid()) not in collated_by and len(collated_by) >= 2
     for name, tensor in straight.setup.model.state_dict().items():
         assert torch.equal(tensor, resumed.setup.model.state_dict()[name]), name
+
+
+# The reads of tensor values in one training step: the loss, gradient norm and tokens together
+# (training.step.step_numbers: whether the update is skipped); the RNN also sends its source lengths
+# to the host to pack the batch (models/rnn.py), after which torch's packing reads its own host tensors.
+STEP_READS = {"tiny_transformer": ["tolist"], "tiny_rnn": ["cpu", "__int__", "cpu", "tolist"]}
+
+
+@pytest.mark.parametrize("model", sorted(STEP_READS))
+def test_a_training_step_reads_the_device_once(model, multi30k_slice, compose_config, tmp_path):
+    """A read of a tensor's values costs nothing on the CPU and waits for the device on a GPU
+    (``HostReads`` counts them): a step reads the device only as ``STEP_READS`` says, and selects
+    nothing by a mask (no ``masked_select``, ``nonzero`` or boolean index, whose size depends on
+    the values). Left out: the optimizer's update, whose step counters live on the host, and the
+    batch's token count, read from the batch as collated on the host."""
+    import training.step as step
+
+    overrides = [
+        f"data.root={multi30k_slice}",
+        f"data.cache_dir={tmp_path.parent / 'cache'}",
+        "data.vocab_size=500",
+        f"model={model}",
+        "trainer.batch_tokens=1200",
+        "trainer.attention_samples=0",
+    ]
+    trainer = Trainer(compose_config(overrides), tmp_path)
+    batch = trainer.collate(next(iter(trainer.sampler)), 0)
+    assert batch.n_tgt_tokens > 0  # host data
+    update = trainer.setup.optimizer.step
+    counted = HostReads()
+
+    def outside(*args, **kwargs):  # the update itself, out of the count
+        counted.__exit__(None, None, None)
+        try:
+            return update(*args, **kwargs)
+        finally:
+            counted.__enter__()
+
+    trainer.setup.optimizer.step = outside
+    with counted:
+        stats = step.optimizer_step(trainer.setup, [batch], 1e-3)
+    assert not stats.skipped and counted.names == STEP_READS[model]

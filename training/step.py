@@ -36,16 +36,16 @@ def label_smoothed_nll(
     that puts ``1 - eps`` on the reference token and spreads ``eps`` uniformly over the vocabulary.
 
     Returns (smoothed loss sum, NLL sum, number of target tokens), scalars on the logits' device;
-    the NLL gives perplexity. (``masked_select``'s size depends on the mask's values, so on CUDA it
-    waits for the device: twice a batch.)
+    the NLL gives perplexity. Padding is zeroed by ``torch.where`` over the whole ``(B, T)`` grid, not
+    selected out: a selection's size depends on the mask's values, so on CUDA it would wait for the
+    device.
     """
     log_probs = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     keep = target != pad_id  # (B, T)
-    nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    nll = nll.masked_select(keep)  # (M,)
+    nll = torch.where(keep, -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1), 0.0)  # (B, T)
     if smoothing > 0:
-        uniform = -log_probs.mean(dim=-1).masked_select(keep)  # (M,)
-        loss = (1.0 - smoothing) * nll + smoothing * uniform  # (M,)
+        uniform = torch.where(keep, -log_probs.mean(dim=-1), 0.0)  # (B, T)
+        loss = (1.0 - smoothing) * nll + smoothing * uniform  # (B, T)
     else:
         loss = nll
     return loss.sum(), nll.sum().detach(), keep.sum()
