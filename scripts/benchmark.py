@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 FLOP_BATCHES = 8  # batches whose FLOPs are counted (per target token)
-PROFILED_STEPS = 5  # steps of the profile's split (CUDA)
+PROFILED_STEPS = 5  # steps of the profile's split on CUDA
+CPU_PROFILED_STEPS = 2  # on a CPU: its steps are long, and its profile records every operator
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -333,11 +334,20 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
 def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
     """The precision and compilation of ``trainer``'s steps, their model FLOPs per target token
     (counted on ``FLOP_BATCHES`` batches of the epoch), the FLOP/s at ``tokens_per_second``, the
-    MFU where the device's peak is known and, on CUDA, a profile's split of ``PROFILED_STEPS``
-    steps (``training/efficiency.py``)."""
+    MFU where the device's peak is known and a profile's split of ``PROFILED_STEPS`` steps (on
+    CUDA its kernels', on a CPU its operators', with the matrix products' own rate there:
+    ``training/efficiency.py``)."""
     import torch
 
-    from training.efficiency import mfu, peak_tflops, profiled_kernels, split, step_flops
+    from training.efficiency import (
+        CPU_KINDS,
+        cpu_profile,
+        mfu,
+        peak_tflops,
+        profiled_kernels,
+        split,
+        step_flops,
+    )
 
     device, tc = trainer.setup.device, trainer.setup.tc
     batches = [trainer.collate(b, trainer.progress.epoch) for b in list(trainer.sampler)[:FLOP_BATCHES]]
@@ -355,11 +365,23 @@ def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
         "peak_tflops": peak,
         "mfu": None if peak is None else round(mfu(achieved, peak), 4),
     }
+    steps = batches[: PROFILED_STEPS if device.type == "cuda" else CPU_PROFILED_STEPS]
     if device.type == "cuda":
-        steps = batches[:PROFILED_STEPS]
         kernels, wall = profiled_kernels(lambda: [trainer.train_step([b]) for b in steps])
         result["profile"] = {kind: round(share, 3) for kind, share in split(kernels, wall).items()}
         result["profile_seconds_per_step"] = round(wall / len(steps), 4)
+    elif device.type == "cpu":
+        start = time.perf_counter()
+        found = cpu_profile(lambda: [trainer.train_step([b]) for b in steps], len(steps))
+        seconds = time.perf_counter() - start
+        result["profile"] = {kind: round(found[kind], 3) for kind in CPU_KINDS}
+        result["profile_seconds_per_step"] = round(seconds / len(steps), 4)
+        result["ops_per_step"] = round(found["ops_per_step"])
+        result["matmul_gflops"] = round(found["matmul_gflops"], 1)
+        # the model's FLOP/s over those of its matrix products alone: how near the step is to them
+        result["of_matmul_rate"] = (
+            round(achieved / 1e9 / found["matmul_gflops"], 3) if found["matmul_gflops"] else None
+        )
     return result
 
 
@@ -535,24 +557,49 @@ def train_table(result: Dict[str, Any]) -> str:
         "pass, counted by torch's FlopCounterMode on real batches (padding included); MFU: TFLOP/s over "
         "the device's dense peak in that precision (NVIDIA's data sheet; n/a: unknown, as for a CPU)."
     )
-    profiled = [r for r in result["rows"] if "profile" in r]
-    if profiled:
-        lines += [
-            "",
-            "Where a step's time goes (CUDA kernels of a profile of a few steps, by kind; idle: no kernel ran):",
-            "",
-            "| model | precision | s/step (profiled) | "
-            + " | ".join(r_kind for r_kind in profiled[0]["profile"])
-            + " |",
-            "| --- | --- | ---: |" + " ---: |" * len(profiled[0]["profile"]),
-        ]
-        for r in profiled:
-            shares = " | ".join(f"{100 * v:.0f}%" for v in r["profile"].values())
-            precision = r["precision"] + (", compiled" if r["compile"] else "")
-            lines.append(f"| {r['model']} | {precision} | {r['profile_seconds_per_step']:.4f} | {shares} |")
+    for kind, rows in (("CUDA", "cuda"), ("CPU", "cpu")):
+        profiled = [r for r in result["rows"] if "profile" in r and r["device"].startswith(rows)]
+        if profiled:
+            lines += ["", *profile_table(kind, profiled)]
     if "translate" in result:
         lines += ["", translate_table(result["translate"])]
     return "\n".join(lines) + "\n"
+
+
+def profile_table(kind: str, rows: List[Dict[str, Any]]) -> List[str]:
+    """The lines of the table of where the steps of ``rows`` (of one device kind) go."""
+    cpu = kind == "CPU"
+    what = (
+        "operators of a profile of a few steps, each one's own time by kind (attention: fused attention; the "
+        "RNN's is plain operators); outside operators: the host's own work, the profiler's own recording included "
+        "(s/step profiled against s/step above); ops/step: the outermost operators "
+        "of the forward, backward and optimizer; matmul GFLOP/s: the matrix products' own rate in the profile; "
+        "of it: the model's FLOP/s over that rate"
+        if cpu
+        else "kernels of a profile of a few steps, by kind; idle: no kernel ran"
+    )
+    kinds = list(rows[0]["profile"])
+    extra = ["ops/step", "matmul GFLOP/s", "of it"] if cpu else []
+    lines = [
+        f"Where a step's time goes ({kind} {what}):",
+        "",
+        "| model | precision | s/step (profiled) | " + " | ".join(kinds + extra) + " |",
+        "| --- | --- | ---: |" + " ---: |" * (len(kinds) + len(extra)),
+    ]
+    for r in rows:
+        cells = [f"{100 * v:.0f}%" for v in r["profile"].values()]
+        if cpu:
+            share = r["of_matmul_rate"]
+            cells += [
+                str(r["ops_per_step"]),
+                f"{r['matmul_gflops']:.1f}",
+                "n/a" if share is None else f"{100 * share:.0f}%",
+            ]
+        precision = r["precision"] + (", compiled" if r["compile"] else "")
+        lines.append(
+            f"| {r['model']} | {precision} | {r['profile_seconds_per_step']:.4f} | {' | '.join(cells)} |"
+        )
+    return lines
 
 
 def translate_table(result: Dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from common.device import native_bf16
+from training.efficiency import CPU_KINDS
 
 from helpers import ROOT, load_script
 
@@ -25,14 +26,14 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     checkpoint = trained_synthetic_models["rnn"].checkpoint  # any RNN checkpoint: its decoding is timed
     out = tmp_path / "bench"
     done = benchmark(
-        "train", "--data", multi30k_slice, "--models", "tiny_rnn", "--warmup", 1, "--steps", 2,
+        "train", "--data", multi30k_slice, "--models", "tiny_transformer", "--warmup", 1, "--steps", 2,
         "--batch-tokens", 1000, "--checkpoint", f"rnn={checkpoint}", "--beams", 1, "--out", out,
         "--", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=500",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     result = json.loads(out.with_suffix(".json").read_text())
     (row,) = result["rows"]
-    assert row["model"] == "tiny_rnn" and row["batch_tokens"] == 1000
+    assert row["model"] == "tiny_transformer" and row["batch_tokens"] == 1000
     assert row["steps"] == 2 and row["params"] > 0
     assert 0 < row["tgt_tokens_per_batch"] <= 1000 and row["peak_memory_mib"] > 50
     rate = row["tgt_tokens_per_batch"] / row["seconds_per_step"]
@@ -43,13 +44,18 @@ def test_train_benchmark_measures_throughput_memory_and_decoding(
     assert row["precision"] == ("bfloat16" if native_bf16() else "float32") and row["compile"] is False
     flops = row["gflops_per_tgt_token"] * 1e9 * row["tgt_tokens_per_s"]
     assert row["gflops_per_tgt_token"] > 0 and abs(flops / 1e12 - row["tflops_per_s"]) < 1e-3
-    assert row["mfu"] is None and row["peak_tflops"] is None and "profile" not in row
+    assert row["mfu"] is None and row["peak_tflops"] is None
+    # the CPU profile: every kind's share of the wall time, the operators, the matrix products' own rate
+    assert list(row["profile"]) == list(CPU_KINDS) and 0.9 < sum(row["profile"].values()) <= 1.01
+    assert min(row["profile"][kind] for kind in ("matrix products", "attention", "optimizer")) > 0
+    assert row["ops_per_step"] > 50 and row["matmul_gflops"] > 0 and 0 < row["of_matmul_rate"]
     (decoding,) = result["translate"]["rows"]
     assert decoding["beam"] == 1 and decoding["sentences"] == 30 and decoding["startup_s"] > 0
     # 30 sentences of a tiny model can decode within start-up noise; a rate, when given, is positive
     assert decoding["sentences_per_s"] is None or decoding["sentences_per_s"] > 0
     markdown = out.with_suffix(".md").read_text()
-    assert "| tiny_rnn | " in markdown and "sentences/s" in markdown and "| n/a |" in markdown
+    assert "| tiny_transformer | " in markdown and "sentences/s" in markdown and "| n/a |" in markdown
+    assert "Where a step's time goes (CPU operators" in markdown
 
 
 def translate_table_of(rows):

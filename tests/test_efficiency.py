@@ -10,7 +10,7 @@ from models.build import build_model
 from models.config import TransformerConfig
 from training.config import TrainerConfig
 from training.distributed import World
-from training.efficiency import busy_time, kernel_kind, mfu, peak_tflops, split, step_flops
+from training.efficiency import busy_time, cpu_kind, kernel_kind, mfu, peak_tflops, split, step_flops
 
 
 def transformer_flops(batch: int, src: int, tgt: int, d: int, ff: int, vocab: int, layers: int) -> int:
@@ -60,3 +60,12 @@ def test_kernels_are_sorted_by_kind_and_idle_is_what_no_kernel_covers():
     # two streams' kernels overlap: the kinds are scaled to the busy time, never above the wall
     overlapped = split([("gemm_a", 0.0, 4.0), ("elementwise_c", 0.0, 4.0)], wall=8.0)
     assert overlapped["idle"] == 0.5 and sum(overlapped.values()) == pytest.approx(1.0)
+
+
+def test_cpu_operators_are_sorted_by_where_they_run():
+    # (the operator, then its callers)
+    assert cpu_kind(["aten::addmm", "aten::linear"]) == "matrix products"
+    assert cpu_kind(["aten::mm", "autograd::engine::evaluate_function: MmBackward0"]) == "matrix products"
+    assert cpu_kind(["aten::mul", "aten::_scaled_dot_product_flash_attention_for_cpu"]) == "attention"
+    assert cpu_kind(["aten::_foreach_add_", "Optimizer.step#Adam.step"]) == "optimizer"
+    assert cpu_kind(["aten::bernoulli_", "aten::native_dropout", "aten::dropout"]) == "other operators"

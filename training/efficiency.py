@@ -12,9 +12,16 @@ model FLOP utilisation (MFU) and where a step's time goes (a profile's split).
   (the CPU).
 - **The split** sorts the GPU kernels of profiled steps into matrix products, attention and the
   rest (elementwise, reductions, copies) by their names, and calls the time no kernel ran idle:
-  the host launching work, or waiting.
+  the host launching work, or waiting. On a CPU (``cpu_profile``) the operators themselves are
+  sorted: each one's own time (its children's apart) goes to the optimizer when it runs inside
+  ``Optimizer.step``, to attention inside a fused attention, to matrix products for ``mm`` and its
+  kin, else to the other operators; what no operator covers is the host's own work (Python, the
+  loop). There is no peak to divide by on a CPU: the model's FLOP/s are set beside the matrix
+  products' own rate on the machine, measured in the same profile (their FLOPs over their time),
+  the rate of a step that did nothing but its matrix products.
 """
 
+import time
 from typing import Callable, ContextManager, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -45,6 +52,11 @@ KERNEL_KINDS = (
     ("matrix products", ("gemm", "cutlass", "xmma", "cublas", "wgmma", "nvjet", "matmul")),
 )
 KINDS = ("matrix products", "attention", "elementwise and other", "idle")
+# a CPU step's time, by where it went (cpu_profile); the first three as KINDS
+CPU_KINDS = ("matrix products", "attention", "other operators", "optimizer", "outside operators")
+MATRIX_OPS = frozenset(
+    {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_addmm_activation"}
+)
 
 
 def peak_tflops(device_name: str, precision: str) -> Optional[float]:
@@ -138,3 +150,45 @@ def profiled_kernels(run: Callable[[], None]) -> Tuple[List[Tuple[str, float, fl
     start = min((e.time_range.start for e in steps), default=0) / 1e6
     end = max((e.time_range.end for e in steps + events), default=0) / 1e6
     return kernels, max(end - start, 1e-9)
+
+
+def cpu_kind(names: Sequence[str]) -> str:
+    """The ``CPU_KINDS`` entry of an operator, from its own name and its callers' (``names``: itself
+    first, then its parent, up to the outermost): the optimizer's and a fused attention's operators
+    go to those, whatever they are."""
+    if any(name.startswith("Optimizer.step") for name in names):
+        return "optimizer"
+    if any("scaled_dot_product" in name or "flash_attention" in name for name in names):
+        return "attention"
+    return "matrix products" if names[0] in MATRIX_OPS else "other operators"
+
+
+def cpu_profile(run: Callable[[], None], steps: int) -> Dict[str, float]:
+    """Where the wall time of ``run()`` (``steps`` training steps on a CPU) goes, by
+    ``torch.profiler``: each of ``CPU_KINDS``' share, the operators called from Python per step
+    (``ops_per_step``) and the matrix products' own rate (``matmul_gflops``: their FLOPs over their
+    time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        run()
+    wall = time.perf_counter() - start
+    seconds = dict.fromkeys(CPU_KINDS, 0.0)
+    matmul_flops = matmul_seconds = 0.0
+    top_level = 0
+    for event in prof.events():
+        names, parent = [event.name], event.cpu_parent
+        while parent is not None:
+            names.append(parent.name)
+            parent = parent.cpu_parent
+        kind = cpu_kind(names)
+        own = event.self_cpu_time_total / 1e6
+        seconds[kind] += own
+        if kind == "matrix products":
+            matmul_flops, matmul_seconds = matmul_flops + (event.flops or 0), matmul_seconds + own
+        top_level += event.name.startswith("aten::") and not any(n.startswith("aten::") for n in names[1:])
+    seconds["outside operators"] = max(0.0, wall - sum(seconds.values()))
+    shares = {kind: value / wall for kind, value in seconds.items()}
+    rate = matmul_flops / matmul_seconds if matmul_seconds else 0.0
+    return {**shares, "ops_per_step": top_level / steps, "matmul_gflops": rate / 1e9}
