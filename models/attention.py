@@ -47,6 +47,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.dropout import dropout
+
 QK_NORM_SCALE = math.log2(32**2 - 32)  # 9.95: g's initial value, log2(L^2 - L) at L = 32 (Henry et al.)
 
 
@@ -196,8 +198,7 @@ class AttentionFunction(nn.Module):
     def weigh(self, scores: Tensor, v: Tensor, mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         """``scores`` ``(..., T, S)`` -> the weighted sum of ``v`` ``(..., S, d_v)`` and the weights."""
         weights = masked_softmax(scores, mask)  # (..., T, S)
-        p = self.dropout_p if self.training else 0.0
-        dropped = F.dropout(weights, p=p) if p > 0.0 else weights  # (..., T, S)
+        dropped = dropout(weights, self.dropout_p, self.training)  # (..., T, S)
         return torch.matmul(dropped, v), weights  # (..., T, d_v), (..., T, S)
 
     def gate(self, heads: Tensor) -> Tensor:

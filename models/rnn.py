@@ -41,6 +41,7 @@ from models.attention import (
     key_mask,
 )
 from models.config import RNNConfig
+from models.dropout import Dropout
 from models.embeddings import OutputLayer, TokenEmbedding
 from models.seq2seq import Attention, Encoded
 
@@ -96,7 +97,7 @@ class RNNEncoder(nn.Module):
     def __init__(self, cfg: RNNConfig, embed: TokenEmbedding):
         super().__init__()
         self.embed = embed
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.rnn = make_rnn(
             cfg.cell, cfg.embed_dim, cfg.hidden_size, cfg.encoder_layers, cfg.dropout, bidirectional=True
         )
@@ -122,7 +123,7 @@ class RNNDecoder(nn.Module):
         memory_size = 2 * cfg.hidden_size
         self.cell, self.layers, self.hidden_size = cfg.cell, cfg.decoder_layers, cfg.hidden_size
         self.embed = embed
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.bridge = nn.Linear(memory_size, cfg.decoder_layers * cfg.hidden_size)
         self.attention = cross_attention(cfg)
         self.rnn = make_rnn(

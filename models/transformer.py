@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from models.attention import MultiHeadAttention, causal_mask, combine_masks, key_mask
 from models.config import TransformerConfig, alignment_layer
+from models.dropout import Dropout
 from models.embeddings import OutputLayer, PositionalEncoding, TokenEmbedding
 from models.seq2seq import Attention, Encoded
 
@@ -46,7 +47,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, ff_size: int, dropout: float):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d_model, ff_size), nn.ReLU(), nn.Dropout(dropout), nn.Linear(ff_size, d_model)
+            nn.Linear(d_model, ff_size), nn.ReLU(), Dropout(dropout), nn.Linear(ff_size, d_model)
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -60,7 +61,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def inputs(self, x: Tensor) -> Tensor:
@@ -165,7 +166,7 @@ class Transformer(nn.Module):
         else:
             self.src_embed = TokenEmbedding(src_vocab_size, cfg.d_model, pad_id, scale=True)
         self.positions = PositionalEncoding(cfg.d_model, cfg.positions, cfg.max_positions)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalised: normalise once at the top of each stack.
