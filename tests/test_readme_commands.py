@@ -50,6 +50,7 @@ SUBCOMMANDS = {"scripts/benchmark.py": ("train", "translate"), "scripts/gpu_chec
 OTHER_TOOLS = {
     "--samples_per_plugin": "tensorboard",
     "--print-alignment": "fairseq",
+    "--rdrop-alpha": "fairseq",
     "--dist": "pytest-xdist",
 }
 # Placeholders the documents write for a number in an override (``trainer.lr=LR``), and a number.

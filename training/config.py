@@ -57,6 +57,9 @@ class TrainerConfig:
     # heads model.alignment_layer / model.alignment_heads name to follow data.alignments's links
     # (0: off). fairseq's --alignment-lambda is 0.05.
     guided_alignment: float = 0.0
+    # R-Drop (training/rdrop.py): the weight of the symmetric KL between two dropout passes of each
+    # batch, as fairseq's --rdrop-alpha (0: off); a step then costs about two
+    rdrop_alpha: float = 0.0
     clip_grad_norm: Optional[float] = 1.0  # null: no clipping (the norm is still logged)
     eval_every: Optional[int] = None  # validate every N steps (null: at the end of every epoch)
     patience: Optional[int] = 5  # early stopping: evaluations without a better valid BLEU (null: off)
@@ -199,6 +202,8 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         raise ValueError(f"trainer.ema_decay must be in (0, 1) or null, got {tc.ema_decay}")
     if tc.max_minutes is not None and tc.max_minutes <= 0:
         raise ValueError(f"trainer.max_minutes must be positive, got {tc.max_minutes}")
+    if tc.rdrop_alpha < 0:
+        raise ValueError(f"trainer.rdrop_alpha must be at least 0 (0: off), got {tc.rdrop_alpha}")
     if tc.guided_alignment < 0:
         raise ValueError(f"trainer.guided_alignment must be at least 0 (0: off), got {tc.guided_alignment}")
     if not 0.0 <= tc.label_smoothing < 1.0:

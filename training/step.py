@@ -4,7 +4,8 @@ whose loss or gradient norm is not finite changes nothing: no update, no step co
 
 The loss is label-smoothed cross-entropy over target tokens, padding ignored (Szegedy et al. 2016);
 validation takes its plain NLL from the same function. With ``trainer.guided_alignment`` the
-guided alignment loss (``training/guided.py``) is added, weighted."""
+guided alignment loss (``training/guided.py``) is added, weighted; with ``trainer.rdrop_alpha``
+each batch runs twice and R-Drop's KL (``training/rdrop.py``) is added."""
 
 import logging
 import math
@@ -21,6 +22,7 @@ from training.config import TrainerConfig
 from training.distributed import World
 from training.guided import guided_alignment_loss
 from training.progress import Progress, StepStats
+from training.rdrop import symmetric_kl, twice
 from training.setup import Setup
 
 log = logging.getLogger(__name__)
@@ -70,16 +72,23 @@ def accumulate_gradients(
     total = torch.zeros((), dtype=torch.float64, device=device)
     aligned = torch.zeros(2, dtype=torch.float64, device=device)  # guided loss sum, linked pieces
     guided = tc.guided_alignment > 0
+    passes = 2 if tc.rdrop_alpha > 0 else 1  # R-Drop: each batch twice, the passes' mean loss
     for k, batch in enumerate(batches):
         batch = batch.to(device)
+        if passes == 2:
+            batch = twice(batch)
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
             with autocast():
                 logits, attention = forward(batch.src, batch.src_mask, batch.tgt_in, alignment=guided)
             loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, tc.label_smoothing)
+            loss = loss / passes
             objective = loss
+            if passes == 2:
+                objective = objective + tc.rdrop_alpha * symmetric_kl(logits, batch.tgt_out, PAD_ID) / 2
             if guided:
                 align_loss, linked = guided_alignment_loss(attention["alignment"][0], batch.links)
-                objective = loss + tc.guided_alignment * align_loss
+                align_loss, linked = align_loss / passes, linked / passes
+                objective = objective + tc.guided_alignment * align_loss
                 aligned += torch.stack([align_loss.detach().double(), linked.double()])
             (objective / n_tokens * world.world_size).backward()
         total += loss.detach()
