@@ -12,13 +12,17 @@ labels every column. The attention viewer's tab (``viewer/``) shows every label 
 ``alignment_grid_figure`` is ``scripts/align.py``'s figure: each alignment method's AER, layers by heads.
 """
 
+import io
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Tuple, Union
 
-from torch import Tensor
+import numpy as np
 
 from alignment.method import READINGS, Method
+
+if TYPE_CHECKING:  # no torch here: a process that only draws (training/drawing.py) never loads it
+    from torch import Tensor
 
 CARD_WIDTH_PX = 290  # an image card of TensorBoard 2.21's Images tab, in a 1600 x 1200 window
 PIXELS_PER_CARD_PIXEL = 2  # image pixels per screen pixel of the card: sharp on dense screens too
@@ -69,7 +73,7 @@ def layout(rows: int, cols: int, longest_x: int, card_px: Optional[int] = CARD_W
 
 
 def attention_figure(
-    weights: Tensor,
+    weights: Union["Tensor", np.ndarray],
     x_tokens: Sequence[str],
     y_tokens: Sequence[str],
     title: str,
@@ -83,9 +87,8 @@ def attention_figure(
     rows, cols = len(y_tokens), len(x_tokens)
     size = layout(rows, cols, max((len(t) for t in x_tokens), default=1), card_px)
     fig, ax = pyplot().subplots(figsize=(size.width, size.height), dpi=DPI)
-    image = ax.imshow(
-        weights.float().numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest"
-    )
+    values = np.asarray(weights.float() if hasattr(weights, "float") else weights, dtype=np.float32)
+    image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     shown = range(0, cols, size.x_step)
     ax.set_xticks(list(shown))
     ax.set_xticklabels([x_tokens[i] for i in shown], rotation=90, fontsize=size.font_pt)
@@ -99,6 +102,15 @@ def attention_figure(
     bar.ax.tick_params(labelsize=size.font_pt * 0.8)
     fig.tight_layout()
     return fig
+
+
+def png_of(fig) -> Tuple[bytes, int, int]:
+    """The figure as PNG bytes, with its height and width in pixels; the figure is closed."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=fig.dpi)
+    width, height = (round(v) for v in fig.get_size_inches() * fig.dpi)
+    pyplot().close(fig)
+    return buffer.getvalue(), height, width
 
 
 def alignment_grid_figure(grid: Mapping[Method, Any], title: str):

@@ -56,3 +56,36 @@ def test_hparam_values_are_flat_and_of_the_types_tensorboard_takes():
         "trainer.max_steps": "null",
         "trainer.betas": "[0.9, 0.98]",
     }
+
+
+def test_attention_images_are_drawn_in_a_worker_and_written_at_their_evaluations_step(tmp_path):
+    """The maps go to a worker process at once (``training/drawing.py``); the images it draws are
+    written at the step of their evaluation, however late they come back: ``close`` waits for them."""
+    import io
+    import os
+
+    from PIL import Image
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = Board(tmp_path / "tb")
+    tokens = ([["▁a", "▁b", "c", "</s>"]], [["▁x", "y", "</s>"]])
+    for step in (3, 6):
+        attention = {"cross": [softmax(1, 2, 3, 4)], "encoder_self": [], "decoder_self": []}
+        board.attention(attention, *tokens, step)
+    worker = next(iter(board.drawing.pool._processes.values()))
+    assert worker.pid != os.getpid()
+    board.close()
+    assert board.drawing.pool is None  # the worker ended with the board
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    tags = [
+        "attention/sent0/cross_layer1_mean",
+        "attention/sent0/cross_layer1_head1",
+        "attention/sent0/cross_layer1_head2",
+    ]
+    assert sorted(events.Tags()["images"]) == sorted(tags)
+    for tag in tags:
+        images = events.Images(tag)
+        assert [i.step for i in images] == [3, 6]
+        png = Image.open(io.BytesIO(images[0].encoded_image_string))
+        assert png.size == (images[0].width, images[0].height) and png.width == 580  # a card's width, twice

@@ -1,10 +1,10 @@
 """TensorBoard output of a run: scalars, attention heatmaps, sample translations, hparams.
 
-Attention images are matplotlib figures (``add_figure``) with the real subword tokens on both
-axes, one colour scale (0 to 1) for every image, and a title naming the sentence, the kind of
-attention, the layer and the head. Both model families return one attention structure
-(``models/seq2seq.py``), so every model gets the same kinds of images; tags sort naturally in
-TensorBoard's list::
+Attention images are matplotlib figures, drawn in a process of their own while training goes on
+(``training/drawing.py``), with the real subword tokens on both axes, one colour scale (0 to 1) for
+every image, and a title naming the sentence, the kind of attention, the layer and the head. Both
+model families return one attention structure (``models/seq2seq.py``), so every model gets the same
+kinds of images; tags sort naturally in TensorBoard's list::
 
     attention/sent0/cross_layer1_mean ...      every decoder layer, heads averaged
     attention/sent0/cross_layer3_head1 ...     every head of the last decoder layer
@@ -21,11 +21,12 @@ attention viewer's TensorBoard tab (``viewer/``): one summary per sentence, ``nm
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence
 
+from tensorboard.compat.proto.summary_pb2 import Summary
 from torch import Tensor
 from torch.utils.tensorboard import SummaryWriter
 
 from common.settings import flatten
-from inference.figures import attention_figure
+from training.drawing import Drawing, Picture
 from viewer.format import PLUGIN_NAME, summary_of
 from viewer.summaries import Texts, encode
 
@@ -92,6 +93,7 @@ class Board:
     def __init__(self, log_dir: Path, purge_step: Optional[int] = None):
         # purge_step: a resumed run hides the events its previous life logged at or after that step
         self.writer = SummaryWriter(log_dir=str(log_dir), flush_secs=30, purge_step=purge_step)
+        self.drawing = Drawing()  # the attention images, drawn in a process of their own
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         for tag, value in values.items():
@@ -104,19 +106,21 @@ class Board:
         tgt_tokens: List[List[str]],
         step: int,
     ) -> None:
-        """Draw every map of ``attention`` for sentences whose tokens are given (EOS included)."""
-        count = len(src_tokens)
+        """Draw every map of ``attention`` for sentences whose tokens are given (EOS included), in the
+        background (``training/drawing.py``): written at ``step`` once drawn, by ``close`` at the latest."""
+        count, pictures = len(src_tokens), []
         for image in attention_maps(attention, count):
             src, tgt = src_tokens[image.b], tgt_tokens[image.b]
             if image.kind == "cross":
                 queries, x_label, y_label = tgt, "source", "output"
             else:
                 queries, x_label, y_label = src, "source (key)", "source (query)"
-            rows = image.weights[: len(queries), : len(src)].detach().cpu()  # (query, key) real tokens
+            rows = image.weights[: len(queries), : len(src)].detach().float().cpu().numpy()  # (query, key)
             title = f"sentence {image.b}: {image.title}"
-            fig = attention_figure(rows, src, queries, title, x_label, y_label)
             tag = f"attention/sent{_index(image.b, count)}/{image.tag}"
-            self.writer.add_figure(tag, fig, step, close=True)
+            pictures.append(Picture(tag, rows, src, queries, title, x_label, y_label))
+        self.drawing.submit(pictures, step)  # drawn while training goes on
+        self._write_drawn()
 
     def attention_summaries(
         self,
@@ -152,11 +156,24 @@ class Board:
         for TensorBoard's HParams view (same run folder)."""
         self.writer.add_hparams(hparam_values(config), metrics, run_name=".")
 
+    def _write_drawn(self, wait: bool = False) -> None:
+        """Write the images drawn so far (``wait``: every one submitted) at their steps."""
+        for step, summaries in self.drawing.finished(wait):
+            for data in summaries:
+                self.writer._get_file_writer().add_summary(Summary.FromString(data), step)
+
     def flush(self) -> None:
+        """Write what is ready (the images drawn so far) to disk; drawings still under way stay so."""
+        self._write_drawn()
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        """Wait for the images under way, write them, and close the events file."""
+        try:
+            self._write_drawn(wait=True)
+        finally:
+            self.drawing.close()
+            self.writer.close()
 
 
 def hparam_values(config: Mapping[str, Any]) -> Dict[str, Any]:
