@@ -89,3 +89,27 @@ def test_attention_images_are_drawn_in_a_worker_and_written_at_their_evaluations
         assert [i.step for i in images] == [3, 6]
         png = Image.open(io.BytesIO(images[0].encoded_image_string))
         assert png.size == (images[0].width, images[0].height) and png.width == 580  # a card's width, twice
+
+
+def test_a_worker_that_dies_is_a_warning_and_the_next_evaluation_draws_again(tmp_path, caplog):
+    import logging
+    import signal
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = Board(tmp_path / "tb")
+    tokens = ([["▁a", "▁b", "</s>"]], [["▁x", "</s>"]])
+    attention = {"cross": [softmax(1, 1, 2, 3)], "encoder_self": [], "decoder_self": []}
+    board.attention(attention, *tokens, 1)
+    worker = next(iter(board.drawing.pool._processes.values()))
+    worker.kill()  # SIGKILL, as the kernel's OOM killer would
+    worker.join()
+    assert worker.exitcode == -signal.SIGKILL
+    with caplog.at_level(logging.WARNING, logger="training.drawing"):
+        assert board.drawing.finished(wait=True) == []  # nothing drawn, nothing raised
+    assert "the attention images of step 1 were not drawn" in caplog.text
+    board.attention(attention, *tokens, 2)  # a new worker
+    board.close()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
+    events.Reload()
+    assert [i.step for i in events.Images("attention/sent0/cross_layer1")] == [2]

@@ -8,15 +8,20 @@ finished TensorBoard summaries (PNG inside), which ``training/board.py`` writes 
 evaluation's step as they arrive; closing the board waits for the last. The worker is forked, as
 the data's workers are (``data/loading.py``): it draws with matplotlib and numpy and never touches
 torch, CUDA or NCCL; it ignores SIGINT (a Ctrl-C reaches the whole process group; the trainer
-decides what it means) and ends with the board.
+decides what it means) and ends with the board. Images are an aid, not a result: a drawing that
+fails (or a worker that dies) is a warning in ``train.log``, and the next evaluation starts a new
+worker; training goes on.
 """
 
+import logging
 import multiprocessing
 import signal
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class Picture(NamedTuple):
@@ -67,14 +72,22 @@ class Drawing:
         self.pending.append((step, self.pool.submit(draw, list(pictures))))
 
     def finished(self, wait: bool = False) -> List[Tuple[int, List[bytes]]]:
-        """The summaries of the drawings done (``wait``: of every one), oldest first, each once."""
+        """The summaries of the drawings done (``wait``: of every one), oldest first, each once; a
+        drawing that failed is a warning, and its worker is replaced at the next ``submit``."""
         done = []
         while self.pending and (wait or self.pending[0][1].done()):
             step, future = self.pending.pop(0)
-            done.append((step, future.result()))
+            try:
+                done.append((step, future.result()))
+            except Exception as error:  # the worker raised, or died (BrokenProcessPool)
+                log.warning(
+                    "the attention images of step %d were not drawn: %s", step, error or type(error).__name__
+                )
+                self.close()
         return done
 
     def close(self) -> None:
+        """End the worker once the drawings under way are done (or failed)."""
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=False)
             self.pool = None
