@@ -127,9 +127,8 @@ def same_file(source: Path, target: Path) -> None:
         return
     try:
         os.replace(link, target)
-    except BaseException:
+    finally:  # gone after the rename, except where target already was source's file (a no-op rename)
         link.unlink(missing_ok=True)
-        raise
 
 
 def write_lines(path: Path, lines: Iterable[str]) -> None:

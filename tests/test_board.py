@@ -1,5 +1,8 @@
 """TensorBoard images (training/board.py): one attention structure, the same kinds of images for both families."""
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -93,7 +96,7 @@ def test_attention_images_are_drawn_in_a_worker_and_written_at_their_evaluations
 
 def test_a_worker_that_dies_is_a_warning_and_the_next_evaluation_draws_again(tmp_path, caplog):
     import logging
-    import signal
+    from multiprocessing.connection import wait
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -103,8 +106,7 @@ def test_a_worker_that_dies_is_a_warning_and_the_next_evaluation_draws_again(tmp
     board.attention(attention, *tokens, 1)
     worker = next(iter(board.drawing.pool._processes.values()))
     worker.kill()  # SIGKILL, as the kernel's OOM killer would
-    worker.join()
-    assert worker.exitcode == -signal.SIGKILL
+    assert wait([worker.sentinel], timeout=30)  # (the pool's own thread may reap it first)
     with caplog.at_level(logging.WARNING, logger="training.drawing"):
         assert board.drawing.finished(wait=True) == []  # nothing drawn, nothing raised
     assert "the attention images of step 1 were not drawn" in caplog.text
@@ -113,3 +115,43 @@ def test_a_worker_that_dies_is_a_warning_and_the_next_evaluation_draws_again(tmp
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0})
     events.Reload()
     assert [i.step for i in events.Images("attention/sent0/cross_layer1")] == [2]
+
+
+ORPHAN = """
+import os, sys, torch
+from training.board import Board
+from training.run_folder import lock_run_folder
+folder = sys.argv[1]
+lock_run_folder(folder)
+board = Board(os.path.join(folder, "tb"))
+attention = {"cross": [torch.rand(1, 1, 2, 3).softmax(-1)], "encoder_self": [], "decoder_self": []}
+board.attention(attention, [["a", "</s>"]], [["x", "</s>"]], 1)
+print(next(iter(board.drawing.pool._processes)), flush=True)
+os._exit(1)  # a trainer that dies without closing its board (a second Ctrl-C, a crash)
+"""
+
+
+def test_a_trainer_that_dies_leaves_no_drawing_worker_and_no_lock_on_its_folder(tmp_path):
+    """The worker dies with the trainer and has let go of the run folder's lock: a resumed run can
+    take the folder at once."""
+    import fcntl
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ROOT
+
+    # a worker that outlived the trainer would hold its output open: the run would time out
+    command = [sys.executable, "-c", ORPHAN, str(tmp_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr[-2000:]
+    worker = int(done.stdout.split()[0])
+    end = time.monotonic() + 30
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker}").exists()
+    holder = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if anything still holds it
+    finally:
+        os.close(holder)

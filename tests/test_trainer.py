@@ -11,7 +11,7 @@ from data.corpus import TRAIN
 from data.loading import collated
 from training.trainer import Trainer
 
-from helpers import HostReads, scalars
+from helpers import FLOAT32, HostReads, scalars
 
 TINY = [
     "model.d_model=32",
@@ -32,6 +32,7 @@ def make_trainer(multi30k_slice, compose_config, tmp_path, *extra) -> Trainer:
         "trainer.log_every=1",
         "trainer.eval_every=1000000",
         "trainer.attention_samples=0",
+        *FLOAT32,
         *TINY,
         *extra,
     ]
@@ -293,6 +294,7 @@ def test_a_training_step_reads_the_device_once(model, multi30k_slice, compose_co
         f"model={model}",
         "trainer.batch_tokens=1200",
         "trainer.attention_samples=0",
+        *FLOAT32,
     ]
     trainer = Trainer(compose_config(overrides), tmp_path)
     batch = trainer.collate(next(iter(trainer.sampler)), 0)

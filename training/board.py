@@ -19,7 +19,7 @@ attention viewer's TensorBoard tab (``viewer/``): one summary per sentence, ``nm
 """
 
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch import Tensor
@@ -119,7 +119,7 @@ class Board:
             title = f"sentence {image.b}: {image.title}"
             tag = f"attention/sent{_index(image.b, count)}/{image.tag}"
             pictures.append(Picture(tag, rows, src, queries, title, x_label, y_label))
-        self.drawing.submit(pictures, step)  # drawn while training goes on
+        self._write(self.drawing.submit(pictures, step))  # drawn while training goes on
         self._write_drawn()
 
     def attention_summaries(
@@ -158,7 +158,10 @@ class Board:
 
     def _write_drawn(self, wait: bool = False) -> None:
         """Write the images drawn so far (``wait``: every one submitted) at their steps."""
-        for step, summaries in self.drawing.finished(wait):
+        self._write(self.drawing.finished(wait))
+
+    def _write(self, drawn: List[Tuple[int, List[bytes]]]) -> None:
+        for step, summaries in drawn:
             for data in summaries:
                 self.writer._get_file_writer().add_summary(Summary.FromString(data), step)
 

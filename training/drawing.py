@@ -7,21 +7,31 @@ GPU. So ``Drawing`` hands each evaluation's maps to one worker process and the i
 finished TensorBoard summaries (PNG inside), which ``training/board.py`` writes at their
 evaluation's step as they arrive; closing the board waits for the last. The worker is forked, as
 the data's workers are (``data/loading.py``): it draws with matplotlib and numpy and never touches
-torch, CUDA or NCCL; it ignores SIGINT (a Ctrl-C reaches the whole process group; the trainer
-decides what it means) and ends with the board. Images are an aid, not a result: a drawing that
-fails (or a worker that dies) is a warning in ``train.log``, and the next evaluation starts a new
-worker; training goes on.
+torch, CUDA or NCCL. It lets go of what it inherited that is not its own: the run folder's lock
+(else a trainer that died would leave its folder locked), the trainer's signal handlers (SIGINT is
+ignored: a Ctrl-C reaches the whole process group and the trainer decides what it means; SIGTERM
+ends it), and it dies with the trainer (Linux's parent-death signal). Images are an aid, not a
+result: a drawing that fails, takes longer than ``DRAW_SECONDS`` or whose worker dies is a warning
+in ``train.log``, the next evaluation starts a new worker, and training goes on.
 """
 
+import ctypes
 import logging
 import multiprocessing
+import os
 import signal
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as Late
+from concurrent.futures.process import BrokenProcessPool
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+DRAW_SECONDS = 300  # the longest an evaluation's images may take to come back when waited for
+MAX_PENDING = 3  # evaluations whose images may be under way at once; a fourth waits for the oldest
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 class Picture(NamedTuple):
@@ -36,9 +46,20 @@ class Picture(NamedTuple):
     y_label: str
 
 
-def ignore_sigint() -> None:
-    """In the worker: Ctrl-C is the trainer's to handle."""
+def worker_start(parent: int) -> None:
+    """In the worker, first: give up the trainer's run-folder locks and signal handlers, and die
+    with the trainer (``parent``: its pid)."""
+    from training.run_folder import forget_locks
+
+    forget_locks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the worker ends when the board closes
+        pass
+    if os.getppid() != parent:  # the trainer died before the prctl
+        os._exit(0)
 
 
 def draw(pictures: Sequence[Picture]) -> List[bytes]:
@@ -65,29 +86,55 @@ class Drawing:
         self.pool: Optional[ProcessPoolExecutor] = None  # started by the first submit
         self.pending: List[Tuple[int, Future]] = []
 
-    def submit(self, pictures: Sequence[Picture], step: int) -> None:
-        if self.pool is None:
-            context = multiprocessing.get_context("fork")
-            self.pool = ProcessPoolExecutor(1, mp_context=context, initializer=ignore_sigint)
-        self.pending.append((step, self.pool.submit(draw, list(pictures))))
+    def submit(self, pictures: Sequence[Picture], step: int) -> List[Tuple[int, List[bytes]]]:
+        """Hand ``pictures`` (of the evaluation at ``step``) to the worker; returns the drawings that
+        had to be waited for first (``MAX_PENDING``), as ``finished`` does."""
+        waited = self.finished(wait=True, oldest=len(self.pending) - MAX_PENDING + 1)
+        for attempt in (1, 2):  # a worker that died while idle: a new one
+            try:
+                if self.pool is None:
+                    context = multiprocessing.get_context("fork")
+                    self.pool = ProcessPoolExecutor(1, context, worker_start, (os.getpid(),))
+                self.pending.append((step, self.pool.submit(draw, list(pictures))))
+                return waited
+            except (BrokenProcessPool, OSError, RuntimeError) as error:
+                self.stop()
+                if attempt == 2:
+                    log.warning("the attention images of step %d were not drawn: %s", step, error)
+        return waited
 
-    def finished(self, wait: bool = False) -> List[Tuple[int, List[bytes]]]:
-        """The summaries of the drawings done (``wait``: of every one), oldest first, each once; a
-        drawing that failed is a warning, and its worker is replaced at the next ``submit``."""
-        done = []
-        while self.pending and (wait or self.pending[0][1].done()):
+    def finished(self, wait: bool = False, oldest: Optional[int] = None) -> List[Tuple[int, List[bytes]]]:
+        """The summaries of the drawings done (``wait``: of every one, or of the ``oldest`` ones), oldest
+        first, each once. A drawing that failed, or did not come back within ``DRAW_SECONDS`` when
+        waited for, is a warning; its worker is replaced at the next ``submit``."""
+        done: List[Tuple[int, List[bytes]]] = []
+        count = len(self.pending) if oldest is None else max(0, oldest)
+        while self.pending and ((wait and len(done) < count) or self.pending[0][1].done()):
             step, future = self.pending.pop(0)
             try:
-                done.append((step, future.result()))
+                done.append((step, future.result(timeout=DRAW_SECONDS)))
+            except Late:
+                log.warning("the attention images of step %d took over %d s: not drawn", step, DRAW_SECONDS)
+                self.stop(kill=True)
             except Exception as error:  # the worker raised, or died (BrokenProcessPool)
                 log.warning(
                     "the attention images of step %d were not drawn: %s", step, error or type(error).__name__
                 )
-                self.close()
+                self.stop()
         return done
 
+    def stop(self, kill: bool = False) -> None:
+        """End the worker (``kill``: at once, its drawings under way dropped) and start none until
+        the next ``submit``."""
+        if self.pool is None:
+            return
+        if kill:
+            for process in list(getattr(self.pool, "_processes", {}).values()):
+                process.kill()
+            self.pending.clear()
+        self.pool.shutdown(wait=not kill, cancel_futures=kill)
+        self.pool = None
+
     def close(self) -> None:
-        """End the worker once the drawings under way are done (or failed)."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=False)
-            self.pool = None
+        """End the worker once the drawings under way are done (``finished(wait=True)`` first)."""
+        self.stop()

@@ -5,7 +5,6 @@ restored exactly said once."""
 
 import logging
 import random
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -13,7 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
-from common.checkpoint import CheckpointError
+from common.checkpoint import CheckpointError, link_checkpoint
 from common.settings import NOT_SETTINGS, flatten
 from models.config import config_from_dict
 from models.search import map_state
@@ -85,7 +84,7 @@ def adopt_best(source: Path, ckpt_dir: Path) -> None:
     best = source.parent / "best.pt"
     if source.parent.resolve() != ckpt_dir.resolve() and best.is_file():
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(best, ckpt_dir / "best.pt")
+        link_checkpoint(best, ckpt_dir / "best.pt")  # replaced whole: a best.pt here may be last.pt's file
 
 
 def remove_stale_temporaries(ckpt_dir: Path) -> None:

@@ -77,6 +77,14 @@ def check_writable(folder: Path, key: str) -> None:
 _LOCKS: Dict[Path, int] = {}  # run folder -> the open descriptor that holds its lock in this process
 
 
+def forget_locks() -> None:
+    """In a child forked from a trainer: close its copies of the run folders' lock descriptors. The
+    locks stay with the trainer, which holds its own; a child that outlived it would hold them."""
+    for descriptor in _LOCKS.values():
+        os.close(descriptor)
+    _LOCKS.clear()
+
+
 def lock_run_folder(out_dir: Path) -> None:
     """Hold an exclusive ``flock`` on the run folder (created if needed) until ``unlock_run_folder``
     or the end of this process: a second process that trains into the same folder is refused.

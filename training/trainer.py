@@ -312,6 +312,16 @@ class Trainer:
         check_resumable(
             payload, path, asdict(self.setup.model_cfg), config, self.setup.data.tokenizer.state_dict()
         )
+        if (
+            payload.get("precision", self.setup.precision) != self.setup.precision
+        ):  # trainer.amp=auto elsewhere
+            log.warning(
+                "%s was trained in %s; this run goes on in %s (%s)",
+                path,
+                payload["precision"],
+                self.setup.precision,
+                self.setup.precision_reason,
+            )
         self.setup.model.load_state_dict(payload["model"])
         self.setup.optimizer.load_state_dict(payload["optimizer"])
         self.progress = Progress(**payload["progress"])
