@@ -56,9 +56,14 @@ def save_checkpoint(payload: Dict[str, Any], path: Path) -> None:
         cause = writes.error if writes is not None and writes.error is not None else error
         if not isinstance(cause, OSError):
             raise  # not a failed write: a bug, with its traceback
-        before = f"the previous {path.name} is intact" if path.is_file() else f"no {path.name} was written"
-        reason = cause.strerror or str(cause)
-        raise CheckpointError(f"cannot write checkpoint {path}: {reason}; {before}") from None
+        raise write_failure(path, cause) from None
+
+
+def write_failure(path: Path, cause: OSError) -> CheckpointError:
+    """The error of a checkpoint write to ``path`` that failed with ``cause``: the file, the reason,
+    and whether the checkpoint it was to replace is there."""
+    before = f"the previous {path.name} is intact" if path.is_file() else f"no {path.name} was written"
+    return CheckpointError(f"cannot write checkpoint {path}: {cause.strerror or cause}; {before}")
 
 
 def link_checkpoint(source: Path, target: Path) -> None:
@@ -68,12 +73,7 @@ def link_checkpoint(source: Path, target: Path) -> None:
     try:
         same_file(source, target)
     except OSError as error:
-        before = (
-            f"the previous {target.name} is intact" if target.is_file() else f"no {target.name} was written"
-        )
-        raise CheckpointError(
-            f"cannot write checkpoint {target}: {error.strerror or error}; {before}"
-        ) from None
+        raise write_failure(target, error) from None
 
 
 def load_checkpoint(path: Path, map_location: Any = "cpu") -> Dict[str, Any]:

@@ -237,9 +237,9 @@ def use_precision(device: torch.device, amp: bool, tf32: bool) -> Callable[[], C
     """The factory of a forward pass's precision context on ``device`` for code that shares its
     process (the Translator): ``autocast_for``, with TF32 as ``tf32`` inside and the process's own
     setting back after (a training sets its TF32 once, ``set_tf32``). On a CPU: ``autocast_for``."""
-    if device.type != "cuda":
-        return autocast_for(device, amp)
     autocast = autocast_for(device, amp)
+    if device.type != "cuda":
+        return autocast
 
     @contextmanager
     def scope() -> Iterator[None]:

@@ -109,8 +109,9 @@ class Drawing:
         waited for, is a warning; its worker is replaced at the next ``submit``."""
         done: List[Tuple[int, List[bytes]]] = []
         count = len(self.pending) if oldest is None else max(0, oldest)
-        while self.pending and ((wait and len(done) < count) or self.pending[0][1].done()):
+        while self.pending and ((wait and count > 0) or self.pending[0][1].done()):
             step, future = self.pending.pop(0)
+            count -= 1
             try:
                 done.append((step, future.result(timeout=DRAW_SECONDS)))
             except Late:

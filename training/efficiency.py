@@ -165,9 +165,9 @@ def cpu_kind(names: Sequence[str]) -> str:
 
 def cpu_profile(run: Callable[[], None], steps: int) -> Dict[str, float]:
     """Where the wall time of ``run()`` (``steps`` training steps on a CPU) goes, by
-    ``torch.profiler``: each of ``CPU_KINDS``' share, the operators called from Python per step
-    (``ops_per_step``) and the matrix products' own rate (``matmul_gflops``: their FLOPs over their
-    time)."""
+    ``torch.profiler``: each of ``CPU_KINDS``' share, the profiled steps' own seconds
+    (``seconds_per_step``), the outermost operators per step (``ops_per_step``) and the matrix
+    products' own rate (``matmul_gflops``: their FLOPs over their time)."""
     from torch.profiler import ProfilerActivity, profile
 
     start = time.perf_counter()
@@ -191,4 +191,5 @@ def cpu_profile(run: Callable[[], None], steps: int) -> Dict[str, float]:
     seconds["outside operators"] = max(0.0, wall - sum(seconds.values()))
     shares = {kind: value / wall for kind, value in seconds.items()}
     rate = matmul_flops / matmul_seconds if matmul_seconds else 0.0
-    return {**shares, "ops_per_step": top_level / steps, "matmul_gflops": rate / 1e9}
+    per_step = {"seconds_per_step": wall / steps, "ops_per_step": top_level / steps}
+    return {**shares, **per_step, "matmul_gflops": rate / 1e9}
