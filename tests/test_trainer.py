@@ -283,8 +283,8 @@ def test_a_training_step_reads_the_device_once(model, multi30k_slice, compose_co
     """A read of a tensor's values costs nothing on the CPU and waits for the device on a GPU
     (``HostReads`` counts them): a step reads the device only as ``STEP_READS`` says, and selects
     nothing by a mask (no ``masked_select``, ``nonzero`` or boolean index, whose size depends on
-    the values). Left out: the optimizer's update, whose step counters live on the host, and the
-    batch's token count, read from the batch as collated on the host."""
+    the values). The fused optimizer's update is counted too (its step counters live on the
+    device); left out: the batch's token count, read from the batch as collated on the host."""
     import training.step as step
 
     overrides = [
@@ -299,17 +299,32 @@ def test_a_training_step_reads_the_device_once(model, multi30k_slice, compose_co
     trainer = Trainer(compose_config(overrides), tmp_path)
     batch = trainer.collate(next(iter(trainer.sampler)), 0)
     assert batch.n_tgt_tokens > 0  # host data
-    update = trainer.setup.optimizer.step
     counted = HostReads()
-
-    def outside(*args, **kwargs):  # the update itself, out of the count
-        counted.__exit__(None, None, None)
-        try:
-            return update(*args, **kwargs)
-        finally:
-            counted.__enter__()
-
-    trainer.setup.optimizer.step = outside
     with counted:
         stats = step.optimizer_step(trainer.setup, [batch], 1e-3)
     assert not stats.skipped and counted.names == STEP_READS[model]
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_the_optimizer_is_fused_on_the_cpu_and_updates_as_torchs_loop_does(kind):
+    """One kernel updates every parameter (``make_optimizer``); its update is the one of torch's
+    per-parameter loop, to float32 rounding, over a few steps with weight decay."""
+    from training.config import TrainerConfig
+    from training.setup import make_optimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 5))
+    twin = torch.nn.Sequential(torch.nn.Embedding(11, 8), torch.nn.Linear(8, 5))
+    twin.load_state_dict(model.state_dict())
+    tc = TrainerConfig(optimizer=kind, lr=1e-2, weight_decay=0.1)
+    fused = make_optimizer(model, tc)
+    loop = type(fused)(twin.parameters(), lr=1e-2, betas=tuple(tc.betas), weight_decay=0.1, foreach=False)
+    assert fused.defaults["fused"] and not loop.defaults["fused"]
+    ids = torch.tensor([[1, 2, 3], [4, 5, 10]])
+    for _ in range(3):
+        for net, optimizer in ((model, fused), (twin, loop)):
+            net(ids).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    for mine, theirs in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
