@@ -14,7 +14,9 @@ Sequence layout (ids from ``data.tokenizer``)::
 Batch size is a token budget, ``batch_tokens``, counted *with* padding: a batch of ``n`` pairs
 costs ``n * (S + T)``, the positions of ``src`` plus those of ``tgt_in`` (``tgt_out`` is the same
 sequence shifted), which is what the encoder and decoder compute over. Sorting pairs by length
-before packing keeps the padding low.
+before packing keeps the padding low. With a ``multiple`` (``data.pad_multiple``) every length is
+rounded up to a multiple of it, in the tensors and in the budget alike: a bounded set of shapes
+for a compiled model and for GPU kernels that want multiples of 8.
 """
 
 import functools
@@ -28,6 +30,11 @@ from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
 from data.specials import BOS_ID, EOS_ID, PAD_ID
+
+
+def round_up(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """``lengths`` rounded up to a multiple of ``multiple`` (1: as they are)."""
+    return -(-np.asarray(lengths, dtype=np.int64) // multiple) * multiple
 
 
 def offsets_of(lengths: np.ndarray) -> np.ndarray:
@@ -66,14 +73,18 @@ class TokenArrays:
         """Sequence ``index`` as a list of ints."""
         return self.ids[self.offsets[index] : self.offsets[index + 1]].tolist()
 
-    def padded(self, rows: np.ndarray, bos: bool = False, eos: bool = False, pad_id: int = PAD_ID) -> Tensor:
+    def padded(
+        self, rows: np.ndarray, bos: bool = False, eos: bool = False, pad_id: int = PAD_ID, multiple: int = 1
+    ) -> Tensor:
         """Sequences ``rows`` as a ``(B, L)`` long tensor: BOS first and/or EOS after the ids when
-        asked, ``pad_id`` after each row's end (``L`` the longest row with its BOS/EOS)."""
+        asked, ``pad_id`` after each row's end (``L`` the longest row with its BOS/EOS, rounded up
+        to a multiple of ``multiple``)."""
         rows = np.asarray(rows, dtype=np.int64)  # (B,)
         lengths = self.lengths[rows]  # (B,)
         first = int(bos)
         longest = int(lengths.max(initial=0))
-        out = np.full((len(rows), longest + first + int(eos)), pad_id, dtype=np.int64)  # (B, L)
+        width = int(round_up(longest + first + int(eos), multiple))
+        out = np.full((len(rows), width), pad_id, dtype=np.int64)  # (B, L)
         columns = np.arange(longest)  # (M,)
         inside = columns[None, :] < lengths[:, None]  # (B, M) which positions hold a token
         positions = self.offsets[rows][:, None] + columns[None, :]  # (B, M) where each token lies
@@ -144,9 +155,10 @@ class ParallelDataset(Dataset):
         """``(N,)`` length of every ``tgt_in`` / ``tgt_out`` row: tokens + BOS (or EOS)."""
         return self.tgt.lengths + 1
 
-    def batch(self, indices: Sequence[int]) -> "Batch":
-        """The pairs ``indices`` as a padded ``Batch``."""
-        return make_batch(self.src, self.tgt, np.asarray(indices, dtype=np.int64), links=self.links)
+    def batch(self, indices: Sequence[int], multiple: int = 1) -> "Batch":
+        """The pairs ``indices`` as a padded ``Batch`` (lengths rounded up to a multiple of ``multiple``)."""
+        rows = np.asarray(indices, dtype=np.int64)
+        return make_batch(self.src, self.tgt, rows, links=self.links, multiple=multiple)
 
 
 @dataclass
@@ -204,16 +216,18 @@ def make_batch(
     rows: np.ndarray,
     indices: Optional[np.ndarray] = None,
     links: Optional[PieceLinks] = None,
+    multiple: int = 1,
 ) -> Batch:
     """Rows ``rows`` of aligned ``src`` and ``tgt`` -> a padded ``Batch`` (EOS, BOS added here);
     ``indices`` are the pairs' positions in their split (default: ``rows``); ``links`` their reference
-    alignments (guided alignment)."""
+    alignments (guided alignment); ``S`` and ``T`` rounded up to a multiple of ``multiple``."""
     src_lengths = src.lengths[rows] + 1  # (B,)
-    padded_src, tgt_out = src.padded(rows, eos=True), tgt.padded(rows, eos=True)  # (B, S), (B, T)
+    padded_src = src.padded(rows, eos=True, multiple=multiple)  # (B, S)
+    tgt_out = tgt.padded(rows, eos=True, multiple=multiple)  # (B, T)
     return Batch(
         src=padded_src,  # (B, S)
         src_lengths=torch.from_numpy(src_lengths),  # (B,)
-        tgt_in=tgt.padded(rows, bos=True),  # (B, T)
+        tgt_in=tgt.padded(rows, bos=True, multiple=multiple),  # (B, T)
         tgt_out=tgt_out,  # (B, T)
         tgt_lengths=torch.from_numpy(tgt.lengths[rows] + 1),  # (B,)
         indices=torch.from_numpy(np.asarray(rows if indices is None else indices, dtype=np.int64)),  # (B,)
@@ -221,11 +235,13 @@ def make_batch(
     )
 
 
-def collate(examples: Sequence[Tuple[int, Sequence[int], Sequence[int]]]) -> Batch:
-    """``(index, src ids, tgt ids)`` examples -> a padded ``Batch`` (EOS, BOS added here)."""
+def collate(examples: Sequence[Tuple[int, Sequence[int], Sequence[int]]], multiple: int = 1) -> Batch:
+    """``(index, src ids, tgt ids)`` examples -> a padded ``Batch`` (EOS, BOS added here; lengths
+    rounded up to a multiple of ``multiple``)."""
     indices, src, tgt = zip(*examples)
     rows = np.arange(len(examples))
-    return make_batch(TokenArrays.from_lists(src), TokenArrays.from_lists(tgt), rows, np.asarray(indices))
+    src_arrays, tgt_arrays = TokenArrays.from_lists(src), TokenArrays.from_lists(tgt)
+    return make_batch(src_arrays, tgt_arrays, rows, np.asarray(indices), multiple=multiple)
 
 
 def pack(
@@ -283,6 +299,9 @@ class TokenBucketSampler(Sampler[np.ndarray]):
     epoch's list, so the shards are disjoint. Every rank gets the same number of batches (a rank with
     one more would wait for the others at its extra gradient all-reduce): the last
     ``len % world_size`` batches of the shuffled list sit the epoch out, other ones every epoch.
+
+    With a ``multiple`` the budget counts each length rounded up to a multiple of it, as the
+    batches' tensors are padded (``data.pad_multiple``).
     """
 
     def __init__(
@@ -294,6 +313,7 @@ class TokenBucketSampler(Sampler[np.ndarray]):
         seed: int = 1,
         rank: int = 0,
         world_size: int = 1,
+        multiple: int = 1,
     ):
         if batch_tokens <= 0:
             raise ValueError(f"batch_tokens must be positive, got {batch_tokens}")
@@ -303,6 +323,7 @@ class TokenBucketSampler(Sampler[np.ndarray]):
         self.tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)  # (N,)
         self.batch_tokens, self.shuffle, self.seed = batch_tokens, shuffle, seed
         self.rank, self.world_size = rank, world_size
+        self.multiple = multiple
         self.epoch = 0
         self._cache: Dict[int, List[np.ndarray]] = {}
 
@@ -322,7 +343,8 @@ class TokenBucketSampler(Sampler[np.ndarray]):
         shuffled = rng.permutation(n) if self.shuffle else np.arange(n)  # (N,)
         key = length_key(self.src_lengths, self.tgt_lengths)[shuffled]  # (N,)
         order = shuffled[np.argsort(key, kind="stable")]  # (N,) by src, then tgt, then shuffled place
-        batches = pack(order, self.src_lengths, self.tgt_lengths, self.batch_tokens)
+        padded = round_up(self.src_lengths, self.multiple), round_up(self.tgt_lengths, self.multiple)
+        batches = pack(order, *padded, self.batch_tokens)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return batches
@@ -349,7 +371,8 @@ def padding_ratio(sampler: TokenBucketSampler) -> float:
     sizes = np.array([len(batch) for batch in batches])  # (n_batches,)
     starts = offsets_of(sizes)[:-1]  # (n_batches,) where each batch begins
     src, tgt = sampler.src_lengths[order], sampler.tgt_lengths[order]  # (N,)
-    padded = int((sizes * (np.maximum.reduceat(src, starts) + np.maximum.reduceat(tgt, starts))).sum())
+    widths = [round_up(np.maximum.reduceat(lengths, starts), sampler.multiple) for lengths in (src, tgt)]
+    padded = int((sizes * (widths[0] + widths[1])).sum())
     return 1.0 - int(src.sum() + tgt.sum()) / padded
 
 

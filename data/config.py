@@ -46,6 +46,9 @@ class DataConfig:
     cache_dir: str = ".cache"
     train_limit: Optional[int] = None  # use only the first N training pairs
     max_len: int = 100  # training pairs with a side longer than this (subword tokens) are dropped
+    # Training batches' lengths rounded up to a multiple of this (1: the longest pair's), in the
+    # tensors and in trainer.batch_tokens alike: fewer shapes for trainer.compile and GPU kernels.
+    pad_multiple: int = 1
     vocab_size: int = 8000
     joint_vocab: bool = True
     spm_model_type: str = "unigram"  # SentencePiece model: unigram or bpe
@@ -68,6 +71,8 @@ def data_config(node) -> DataConfig:
 
     check_keys(node, DataConfig, "data")
     cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), node))
+    if cfg.pad_multiple < 1:
+        raise ValueError(f"data.pad_multiple must be 1 or more (1: no rounding), got {cfg.pad_multiple}")
     if cfg.sampling_alpha is not None and not 0.0 <= cfg.sampling_alpha <= 1.0:
         raise ValueError(f"data.sampling_alpha must be in [0, 1] or null, got {cfg.sampling_alpha}")
     if cfg.sampling_alpha is not None and cfg.spm_model_type != "unigram":

@@ -68,7 +68,11 @@ def main(argv=None) -> int:
         sampler_start = time.perf_counter()
         train = data.datasets[TRAIN]
         sampler = TokenBucketSampler(
-            train.src_lengths(), train.tgt_lengths(), args.batch_tokens, seed=cfg.seed
+            train.src_lengths(),
+            train.tgt_lengths(),
+            args.batch_tokens,
+            seed=cfg.seed,
+            multiple=cfg.data.pad_multiple,
         )
         data.stats["batches"] = batch_stats(sampler)
         data.stats["seconds"]["sampler epoch"] = time.perf_counter() - sampler_start

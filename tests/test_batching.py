@@ -176,3 +176,38 @@ def test_evaluation_order_sorts_by_source_then_target_length(longest):
     tgt = [rng.randint(1, longest) for _ in range(400)]
     order = [i for batch in TokenBucketSampler(src, tgt, 10**6, shuffle=False) for i in batch]
     assert order == sorted(range(400), key=lambda i: (src[i], tgt[i], i))
+
+
+def test_pad_multiple_rounds_every_length_in_the_tensors_and_in_the_budget():
+    """``data.pad_multiple``: each batch's tensors are as wide as its longest pair rounded up to the
+    multiple, the budget holds with those widths, the real tokens and the masks are unchanged, and
+    the padding ratio counts the rounding."""
+    rng = random.Random(8)
+    src = [[rng.randint(4, 99) for _ in range(rng.randint(0, 30))] for _ in range(300)]
+    tgt = [[rng.randint(4, 99) for _ in range(rng.randint(1, 30))] for _ in range(300)]
+    dataset = ParallelDataset(src, tgt)
+    plain = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), BUDGET)
+    rounded = TokenBucketSampler(dataset.src_lengths(), dataset.tgt_lengths(), BUDGET, multiple=8)
+    up = lambda n: -(-n // 8) * 8  # noqa: E731
+    for indices in rounded:
+        batch, exact = dataset.batch(indices, multiple=8), dataset.batch(indices)
+        widths = (up(int(exact.src.size(1))), up(int(exact.tgt_in.size(1))))
+        assert (batch.src.size(1), batch.tgt_in.size(1), batch.tgt_out.size(1)) == (
+            widths[0],
+            *widths[1:] * 2,
+        )
+        assert len(indices) * sum(widths) <= BUDGET
+        assert torch.equal(batch.src[:, : exact.src.size(1)], exact.src)
+        assert torch.equal(batch.tgt_out[:, : exact.tgt_out.size(1)], exact.tgt_out)
+        assert (batch.src[:, exact.src.size(1) :] == PAD_ID).all()
+        assert torch.equal(batch.src_lengths, exact.src_lengths)
+        assert torch.equal(collate([dataset[i] for i in indices], multiple=8).tgt_in, batch.tgt_in)
+    assert len(rounded) > len(plain)
+    assert padding_ratio(rounded) > padding_ratio(plain) > 0
+
+
+def test_pad_multiple_below_one_is_refused(compose_config):
+    from training.config import checked_config
+
+    with pytest.raises(ValueError, match=r"data.pad_multiple must be 1 or more \(1: no rounding\), got 0"):
+        checked_config(compose_config(["data.pad_multiple=0"]))

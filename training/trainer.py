@@ -62,7 +62,10 @@ class Trainer:
         self.setup = s = make_setup(cfg, data_cfg, model_cfg, tc, out_dir)
         train, world, seed = s.data.datasets[TRAIN], s.world, cfg.seed
         lengths = train.src_lengths(), train.tgt_lengths()
-        self.sampler = TokenBucketSampler(*lengths, tc.batch_tokens, True, seed, world.rank, world.world_size)
+        self.pad_multiple = data_cfg.pad_multiple
+        self.sampler = TokenBucketSampler(
+            *lengths, tc.batch_tokens, True, seed, world.rank, world.world_size, self.pad_multiple
+        )
         # the moving average lives on rank 0, which alone evaluates and saves
         use_ema = tc.ema_decay is not None and world.main
         self.ema = ExponentialAverage(s.model, tc.ema_decay) if use_ema else None
@@ -189,8 +192,8 @@ class Trainer:
     def collate(self, indices: np.ndarray, epoch: int) -> Batch:
         """The training pairs ``indices`` as a ``Batch``, in the segmentation of ``epoch``."""
         if self.resegmenter is not None:  # data.sampling_alpha: this epoch's segmentation
-            return collate([self.resegmenter.example(i, epoch) for i in indices])
-        return self.setup.data.datasets[TRAIN].batch(indices)
+            return collate([self.resegmenter.example(i, epoch) for i in indices], self.pad_multiple)
+        return self.setup.data.datasets[TRAIN].batch(indices, self.pad_multiple)
 
     # ----- evaluation and checkpoints -----
     def evaluate(self) -> None:

@@ -1,0 +1,47 @@
+"""``trainer.compile``: what torch's compiler makes of each family's training forward pass over an
+epoch of real batches (the Multi30k slice, the tiny configs). Traced by Dynamo with its ``eager``
+backend, which builds the graphs without compiling kernels: the graph count and the graph breaks
+are what any backend gets."""
+
+from data.corpus import TRAIN
+from training.trainer import Trainer
+
+from helpers import FLOAT32, TINY
+
+
+def epoch_graphs(trainer: Trainer) -> dict:
+    """Dynamo's counters after the model's training forward and backward over one epoch."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = trainer.setup.model.train()
+    compiled = torch.compile(model, backend="eager")
+    dataset = trainer.setup.data.datasets[TRAIN]
+    for indices in trainer.sampler:
+        batch = dataset.batch(indices, trainer.pad_multiple)
+        logits, _ = compiled(batch.src, batch.src_mask, batch.tgt_in)
+        logits.float().mean().backward()
+        model.zero_grad(set_to_none=True)
+    return {"graphs": counters["stats"]["unique_graphs"], "breaks": dict(counters["graph_break"])}
+
+
+def test_the_transformer_compiles_into_two_graphs_an_epoch_without_a_break(
+    multi30k_slice, compose_config, tmp_path
+):
+    """The first batch's shapes give a static graph; the next shape, one with dynamic batch and
+    lengths, which every later batch reuses (no graph per shape, none at a new length; the same
+    with ``data.pad_multiple=8``, measured)."""
+    overrides = [
+        f"data.root={multi30k_slice}",
+        f"data.cache_dir={tmp_path.parent / 'cache'}",
+        "data.vocab_size=500",
+        "trainer.batch_tokens=1200",
+        *FLOAT32,
+        *TINY["transformer"],
+    ]
+    trainer = Trainer(compose_config(overrides), tmp_path)
+    assert len(trainer.sampler) > 5
+    found = epoch_graphs(trainer)
+    assert found == {"graphs": 2, "breaks": {}}
