@@ -431,7 +431,11 @@ SYNTHETIC_FAMILIES = {
         "trainer.lr=5e-3",
         "trainer.schedule=constant",
         "trainer.warmup_steps=20",
-        "trainer.batch_tokens=500",
+        # at 500 tokens a batch the RNN's learning hung on rounding: with the fused optimizer (the
+        # same update to float32 rounding) seed 1 reached 91 BLEU with additive attention, 87 guided
+        # and 8 with the scaled dot product; at 1,000 every attention function over seeds 1-3
+        # reached 98-100 (measured)
+        "trainer.batch_tokens=1000",
         "trainer.max_steps=800",
     ],
 }  # each tiny model learns the reversal of tests/synthetic.py (test_synthetic.py), in seconds on one thread

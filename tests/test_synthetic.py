@@ -2,10 +2,13 @@
 
 Trained for a few hundred steps on one thread (``trained_synthetic_models`` in conftest.py), a
 model reverses sequences it never saw: greedy decoding of the held-out split reaches about 88
-BLEU and gets about three lines in four exactly right, while an untrained model scores 0 and one
-stopped at half its steps reaches 20 (RNN) to 45 (Transformer) BLEU with under one line in five
-exact (it drops or swaps letters). So 60 BLEU and one line in three exact separate "the loss,
-the gradients, the attention and decoding all work together" from "something is broken".
+BLEU (the Transformer) to 98-100 (the RNNs, over seeds 1-3) and gets most lines exactly right,
+while an untrained model scores 0, a Transformer stopped at half its steps reaches 45 BLEU with
+under one line in five exact (it drops or swaps letters), and an RNN that has not found the
+reversal yet stays far below (with scaled dot-product attention and half the batch: 8 BLEU after
+800 steps, 32 after 1,200, at most one line in four exact). So 60 BLEU and one line in three
+exact separate "the loss, the gradients, the attention and decoding all work together" from
+"something is broken".
 """
 
 import pytest
