@@ -76,3 +76,39 @@ def test_half_precision_logits_are_computed_in_float32():
     assert loss.dtype == torch.float32
     expected = label_smoothed_nll(logits.bfloat16().float(), target, PAD_ID, 0.1)[0]
     torch.testing.assert_close(loss, expected)
+
+
+def reference_loss(logits, target, smoothing):
+    """The smoothed loss written with autograd's own operators (log-softmax, gather, mean)."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    keep = target != PAD_ID
+    nll = torch.where(keep, -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1), 0.0)
+    uniform = torch.where(keep, -log_probs.mean(dim=-1), 0.0)
+    return ((1.0 - smoothing) * nll + smoothing * uniform).sum()
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+def test_the_gradient_is_autograds_through_the_log_softmax(smoothing):
+    """``SmoothedNLL``'s own backward (softmax less the target distribution, zero at padding) gives
+    the gradient autograd computes through the plain operators, scaled by the upstream gradient."""
+    logits, target = example()
+    logits = logits.double().requires_grad_()
+    ours, theirs = logits.detach().clone().requires_grad_(), logits
+    (3.0 * label_smoothed_nll(ours, target, PAD_ID, smoothing)[0]).backward()
+    (3.0 * reference_loss(theirs, target, smoothing)).backward()
+    torch.testing.assert_close(ours.grad, theirs.grad)
+    assert (ours.grad[target == PAD_ID] == 0).all()
+    check = logits.detach()[:2, :3].clone().requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda x: label_smoothed_nll(x, target[:2, :3], PAD_ID, smoothing)[0], check
+    )
+
+
+def test_bf16_logits_get_a_bf16_gradient_of_the_float32_loss():
+    logits, target = example()
+    low = logits.bfloat16().requires_grad_()
+    label_smoothed_nll(low, target, PAD_ID, 0.1)[0].backward()
+    wide = logits.bfloat16().float().requires_grad_()
+    reference_loss(wide, target, 0.1).backward()
+    assert low.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(low.grad.float(), wide.grad, atol=1e-2, rtol=1e-2)
