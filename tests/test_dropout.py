@@ -40,3 +40,16 @@ def test_the_same_seed_draws_the_same_mask_and_a_bf16_input_its_share():
     # the draws are float32 whatever the input: a bf16 activation keeps p, not bf16's coarse steps
     half = dropout(x.bfloat16(), 0.1, training=True)
     assert half.dtype == torch.bfloat16 and (half == 0).float().mean().item() == pytest.approx(0.1, abs=0.005)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_precision_gives_x_times_the_scale_where_kept(dtype):
+    """float32 takes a mask made in place, bf16 scales in its own precision: both give exactly
+    ``x * (1 / (1 - p))`` at the kept elements (the scale is not rounded to bf16 first), and the
+    same mask for the same seed."""
+    x = torch.randn(200, 300).to(dtype)
+    torch.manual_seed(3)
+    y = dropout(x, 0.1, training=True)
+    torch.manual_seed(3)
+    keep = torch.rand(x.shape) >= 0.1
+    assert y.dtype == dtype and torch.equal(y, torch.where(keep, x * (1 / 0.9), 0).to(dtype))
