@@ -22,7 +22,7 @@ from a folder (an earlier bundle's ``wheels/``) instead of downloading them.
 ``run`` installs the wheels into ``BUNDLE/site`` (``pip install --no-index --no-deps --target``),
 puts the repository (the project is not installed there) and that folder on the ``PYTHONPATH`` of
 the processes it starts, records the machine and the versions, runs ``python -m pytest -m gpu
-tests/test_gpu.py`` on the bundle's data, then two measurements:
+tests/test_gpu.py`` on the bundle's data, then three measurements:
 
 - ``scripts/benchmark.py train --device cuda`` for a few steps of ``COMPILED_MODELS`` (transformer_base
   compiled, in bf16), alone, with a time of its own, then of ``BENCH_MODELS`` (transformer_base in

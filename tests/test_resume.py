@@ -69,3 +69,13 @@ def test_a_checkpoint_of_the_same_run_is_resumable_whatever_the_paths_and_the_ra
 def test_anything_else_is_refused_naming_what_differs(model, config, tokenizer, message):
     with pytest.raises(CheckpointError, match=message.replace("(", r"\(").replace(")", r"\)")):
         check_resumable(payload(), Path("last.pt"), model, config, tokenizer)
+
+
+def test_a_checkpoint_older_than_a_data_key_resumes_as_that_keys_default():
+    """``data.pad_multiple`` came after some checkpoints: theirs hold no such key, and they were
+    batched as its default (1) does; a run that sets another value is refused, naming it."""
+    now = {**CONFIG, "data": {**CONFIG["data"], "pad_multiple": 1}}
+    check_resumable(payload(), Path("last.pt"), MODEL, now, {"src": b"spm"})
+    rounded = {**CONFIG, "data": {**CONFIG["data"], "pad_multiple": 8}}
+    with pytest.raises(CheckpointError, match=r"data.pad_multiple \(checkpoint 1, now 8\)"):
+        check_resumable(payload(), Path("last.pt"), MODEL, rounded, {"src": b"spm"})

@@ -14,6 +14,7 @@ from torch import nn
 
 from common.checkpoint import CheckpointError, link_checkpoint
 from common.settings import NOT_SETTINGS, flatten
+from data.config import DataConfig
 from models.config import config_from_dict
 from models.search import map_state
 from training.distributed import World
@@ -43,6 +44,14 @@ def batch_order_settings(config: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def saved_batch_settings(config: Dict[str, Any], now: Dict[str, Any]) -> Dict[str, Any]:
+    """``batch_order_settings`` of a checkpoint's config; a data key it is older than (one ``now``
+    has and it lacks) holds that key's default, as the run that wrote it did."""
+    saved = batch_order_settings(config)
+    defaults = {f"data.{key}": value for key, value in asdict(DataConfig()).items()}
+    return {**{k: defaults[k] for k in now.keys() - saved.keys() if k in defaults}, **saved}
+
+
 def check_resumable(
     payload: Dict[str, Any],
     path: Path,
@@ -64,9 +73,8 @@ def check_resumable(
         raise CheckpointError(
             f"checkpoint {path} was trained with another model config: {changed}; resume with the same model.* settings"
         )
-    changed = config_changes(
-        batch_order_settings(payload.get("config", {})), batch_order_settings(config), prefix=""
-    )
+    now = batch_order_settings(config)
+    changed = config_changes(saved_batch_settings(payload.get("config", {}), now), now, prefix="")
     if changed:
         raise CheckpointError(
             f"checkpoint {path} was trained with other settings that decide the batches: {changed}; an exact resume "
