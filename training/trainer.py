@@ -62,9 +62,8 @@ class Trainer:
         self.setup = s = make_setup(cfg, data_cfg, model_cfg, tc, out_dir)
         train, world, seed = s.data.datasets[TRAIN], s.world, cfg.seed
         lengths = train.src_lengths(), train.tgt_lengths()
-        self.pad_multiple = data_cfg.pad_multiple
         self.sampler = TokenBucketSampler(
-            *lengths, tc.batch_tokens, True, seed, world.rank, world.world_size, self.pad_multiple
+            *lengths, tc.batch_tokens, True, seed, world.rank, world.world_size, data_cfg.pad_multiple
         )
         # the moving average lives on rank 0, which alone evaluates and saves
         use_ema = tc.ema_decay is not None and world.main
@@ -190,10 +189,12 @@ class Trainer:
         return batches
 
     def collate(self, indices: np.ndarray, epoch: int) -> Batch:
-        """The training pairs ``indices`` as a ``Batch``, in the segmentation of ``epoch``."""
+        """The training pairs ``indices`` as a ``Batch``, in the segmentation of ``epoch``, padded as
+        the sampler counted them (``data.pad_multiple``)."""
+        multiple = self.sampler.multiple
         if self.resegmenter is not None:  # data.sampling_alpha: this epoch's segmentation
-            return collate([self.resegmenter.example(i, epoch) for i in indices], self.pad_multiple)
-        return self.setup.data.datasets[TRAIN].batch(indices, self.pad_multiple)
+            return collate([self.resegmenter.example(i, epoch) for i in indices], multiple)
+        return self.setup.data.datasets[TRAIN].batch(indices, multiple)
 
     # ----- evaluation and checkpoints -----
     def evaluate(self) -> None:
@@ -315,13 +316,12 @@ class Trainer:
         check_resumable(
             payload, path, asdict(self.setup.model_cfg), config, self.setup.data.tokenizer.state_dict()
         )
-        if (
-            payload.get("precision", self.setup.precision) != self.setup.precision
-        ):  # trainer.amp=auto elsewhere
+        trained_in = payload.get("precision", self.setup.precision)
+        if trained_in != self.setup.precision:  # trainer.amp=auto on another machine
             log.warning(
                 "%s was trained in %s; this run goes on in %s (%s)",
                 path,
-                payload["precision"],
+                trained_in,
                 self.setup.precision,
                 self.setup.precision_reason,
             )
