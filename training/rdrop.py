@@ -27,6 +27,8 @@ def symmetric_kl(logits: Tensor, target: Tensor, pad_id: int) -> Tensor:
     padding: ``logits`` ``(2B, T, V)`` of a ``twice`` batch, ``target`` ``(2B, T)``. A scalar."""
     log_p = torch.log_softmax(logits.float(), dim=-1)  # (2B, T, V)
     first, second = log_p.chunk(2)  # (B, T, V) each
-    kl = (first.exp() * (first - second) + second.exp() * (second - first)).sum(dim=-1)  # (B, T)
+    # KL(P_1 || P_2) + KL(P_2 || P_1) = sum_v p_1 (log p_1 - log p_2) + p_2 (log p_2 - log p_1)
+    #                                 = sum_v (p_1 - p_2) (log p_1 - log p_2)
+    kl = ((first.exp() - second.exp()) * (first - second)).sum(dim=-1)  # (B, T)
     keep = target.chunk(2)[0] != pad_id  # (B, T)
     return torch.where(keep, kl, 0.0).sum() / 2
