@@ -174,10 +174,12 @@ class RNNDecoder(nn.Module):
             new_state["cell"] = cell.transpose(0, 1)  # (B, L, D)
         return output[:, 0], context[:, 0], weights[:, :, 0], new_state  # (B, D), (B, 2D), (B, H, S)
 
-    def logits(self, top: Tensor, context: Tensor, embedded: Tensor) -> Tensor:
-        """Readout: ``(..., D)``, ``(..., 2D)``, ``(..., E)`` -> logits ``(..., V)``."""
+    def logits(self, top: Tensor, context: Tensor, embedded: Tensor, project: bool = True) -> Tensor:
+        """Readout: ``(..., D)``, ``(..., 2D)``, ``(..., E)`` -> logits ``(..., V)`` (``project=False``:
+        the output layer's input ``(..., E)``)."""
         readout = torch.tanh(self.readout(torch.cat([top, context, embedded], dim=-1)))  # (..., E)
-        return self.output(self.dropout(readout))  # (..., V)
+        readout = self.dropout(readout)  # (..., E)
+        return self.output(readout) if project else readout  # (..., V) or (..., E)
 
 
 class RNNModel(nn.Module):
@@ -192,6 +194,11 @@ class RNNModel(nn.Module):
         src_embed = tgt_embed if share else TokenEmbedding(src_vocab_size, cfg.embed_dim, pad_id)
         self.encoder = RNNEncoder(cfg, src_embed)
         self.decoder = RNNDecoder(cfg, tgt_embed, tgt_vocab_size)
+
+    @property
+    def output_layer(self) -> OutputLayer:
+        """The layer that makes the logits (``models/seq2seq.py``)."""
+        return self.decoder.output
 
     def attention_modules(self) -> Dict[str, List[nn.Module]]:
         """Every attention of the model under its key in the attention dict: the decoder's one."""
@@ -223,9 +230,10 @@ class RNNModel(nn.Module):
         tgt_in: Tensor,
         need_weights: bool = False,
         alignment: bool = False,
+        project: bool = True,
     ) -> Tuple[Tensor, Attention]:
         """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
-        logits ``(B, T, V)`` and the attention.
+        logits ``(B, T, V)`` (``project=False``: the output layer's input ``(B, T, E)``) and the attention.
 
         With ``need_weights`` the attention (``models/seq2seq.py``) holds the decoder's attention as
         one layer, ``cross`` ``[(B, H, T, S)]`` (one head but for ``multihead``), and no
@@ -241,7 +249,9 @@ class RNNModel(nn.Module):
             tops.append(top)
             contexts.append(context)
             weights.append(step_weights)
-        logits = self.decoder.logits(torch.stack(tops, 1), torch.stack(contexts, 1), embedded)  # (B, T, V)
+        logits = self.decoder.logits(
+            torch.stack(tops, 1), torch.stack(contexts, 1), embedded, project
+        )  # (B, T, V) or (B, T, E)
         if not (need_weights or alignment):
             return logits, {}
         cross = torch.stack(weights, 2)  # (B, H, T, S) one layer

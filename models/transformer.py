@@ -174,6 +174,11 @@ class Transformer(nn.Module):
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.output = OutputLayer(cfg.d_model, tgt_vocab_size, self.tgt_embed if cfg.tie_output else None)
 
+    @property
+    def output_layer(self) -> OutputLayer:
+        """The layer that makes the logits (``models/seq2seq.py``)."""
+        return self.output
+
     def attention_modules(self) -> Dict[str, List[nn.Module]]:
         """Every attention of the model under its key in the attention dict, first layer first."""
         return {
@@ -212,6 +217,7 @@ class Transformer(nn.Module):
         need_weights: bool = False,
         causal: bool = False,
         cross_layer: Optional[int] = None,
+        project: bool = True,
     ) -> Tuple[Tensor, Dict[str, object], Dict[str, List[Optional[Tensor]]]]:
         """Run the decoder over ``T`` new target tokens ``(B, T)`` after the ``t`` in ``state``.
 
@@ -219,7 +225,7 @@ class Transformer(nn.Module):
         "earlier positions only, no mask tensor" and needs an empty cache (``t = 0``).
         ``cross_layer`` (0-based): that layer's cross weights are computed even without ``need_weights``.
 
-        Returns logits ``(B, T, V)``, the extended state, and per-layer weights
+        Returns logits ``(B, T, V)`` (``project=False``: the output layer's input ``(B, T, D)``), the extended state, and per-layer weights
         ``{"cross": [(B, H, T, S)], "decoder_self": [(B, H, T, t + T)]}`` (None entries unless asked).
         """
         offset = state["layers"][0]["self_k"].size(2) if state["layers"] else 0  # t
@@ -233,7 +239,8 @@ class Transformer(nn.Module):
             caches.append(cache)
             self_weights.append(self_w)
             cross_weights.append(cross_w)
-        logits = self.output(self.decoder_norm(x))  # (B, T, V)
+        x = self.decoder_norm(x)  # (B, T, D)
+        logits = self.output(x) if project else x  # (B, T, V) or (B, T, D)
         state = {"src_mask": state["src_mask"], "layers": caches}
         return logits, state, {"cross": cross_weights, "decoder_self": self_weights}
 
@@ -244,9 +251,10 @@ class Transformer(nn.Module):
         tgt_in: Tensor,
         need_weights: bool = False,
         alignment: bool = False,
+        project: bool = True,
     ) -> Tuple[Tensor, Attention]:
         """Teacher-forced pass: ``src`` ``(B, S)``, ``src_mask`` ``(B, S)``, ``tgt_in`` ``(B, T)`` ->
-        logits ``(B, T, V)`` and the attention.
+        logits ``(B, T, V)`` (``project=False``: the output layer's input ``(B, T, D)``) and the attention.
 
         The decoder self-attention sees earlier positions only. With ``need_weights`` it also
         hides padding keys (``target_self_mask``), so the logged weights are exactly 0 there.
@@ -270,7 +278,8 @@ class Transformer(nn.Module):
             need_weights,
             not need_weights,
             layer if alignment else None,
-        )  # (B, T, V)
+            project,
+        )  # (B, T, V) or (B, T, D)
         found = {**attention, **encoded.attention} if need_weights else {}
         if alignment:
             found["alignment"] = [attention["cross"][layer][:, : self.cfg.alignment_heads]]  # (B, H_a, T, S)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from data.specials import PAD_ID
-from training.step import label_smoothed_nll
+from training.step import label_smoothed_nll, projected_smoothed_nll
 
 V = 30
 
@@ -112,3 +112,51 @@ def test_bf16_logits_get_a_bf16_gradient_of_the_float32_loss():
     reference_loss(wide, target, 0.1).backward()
     assert low.grad.dtype == torch.bfloat16
     torch.testing.assert_close(low.grad.float(), wide.grad, atol=1e-2, rtol=1e-2)
+
+
+def projection_example(dtype=torch.float64):
+    """States ``(3, 5, E)`` and an output weight ``(V, E)`` with ``example()``'s target."""
+    _, target = example()
+    states = torch.randn(3, 5, 8, dtype=dtype)
+    weight = torch.randn(V, 8, dtype=torch.float64 if dtype == torch.float64 else torch.float32) * 0.5
+    return states, weight, target
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("block_rows", [1, 4, 15, 100])  # 15 positions: uneven blocks, one, one larger
+def test_the_projected_loss_is_the_loss_of_the_output_layers_logits(smoothing, block_rows):
+    """``projected_smoothed_nll`` (the output layer's product and the loss, a block of positions at a
+    time) gives the three numbers and the gradients of ``label_smoothed_nll`` over the whole logits."""
+    states, weight, target = projection_example()
+    ours = [states.clone().requires_grad_(), weight.clone().requires_grad_()]
+    theirs = [states.clone().requires_grad_(), weight.clone().requires_grad_()]
+    loss, nll, count = projected_smoothed_nll(*ours, target, PAD_ID, smoothing, block_elements=block_rows * V)
+    loss2, nll2, count2 = label_smoothed_nll(theirs[0] @ theirs[1].t(), target, PAD_ID, smoothing)
+    torch.testing.assert_close((loss, nll), (loss2, nll2))
+    assert count == count2 == 9 and not nll.requires_grad
+    (3.0 * loss).backward()
+    (3.0 * loss2).backward()
+    torch.testing.assert_close(ours[0].grad, theirs[0].grad)
+    torch.testing.assert_close(ours[1].grad, theirs[1].grad)
+    assert (ours[0].grad[target == PAD_ID] == 0).all()
+    check = [states[:2, :3].clone().requires_grad_(), weight.clone().requires_grad_()]
+    assert torch.autograd.gradcheck(
+        lambda s, w: projected_smoothed_nll(s, w, target[:2, :3], PAD_ID, smoothing, block_elements=2 * V)[0],
+        check,
+    )
+
+
+def test_bf16_states_are_projected_in_bf16_and_the_weights_gradient_summed_in_float32():
+    """Under autocast the model's states are bf16 and the weight float32: the products run in bf16
+    as autocast's output layer would, the loss in float32, each gradient in its tensor's precision."""
+    states, weight, target = projection_example(torch.float32)
+    low, w = states.bfloat16().requires_grad_(), weight.clone().requires_grad_()
+    loss, _, _ = projected_smoothed_nll(low, w, target, PAD_ID, 0.1, block_elements=4 * V)
+    loss.backward()
+    low2, w2 = states.bfloat16().requires_grad_(), weight.clone().requires_grad_()
+    loss2, _, _ = label_smoothed_nll(low2 @ w2.bfloat16().t(), target, PAD_ID, 0.1)  # autocast's output layer
+    loss2.backward()
+    assert loss.dtype == torch.float32 and low.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
+    torch.testing.assert_close(loss, loss2, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(low.grad.float(), low2.grad.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(w.grad, w2.grad, atol=2e-2, rtol=2e-2)

@@ -59,7 +59,8 @@ def step(family: str, dropout: float, alpha: float):
     model = build_model(FAMILIES[family](dropout), V, V).train()
     batch = collate([(0, [4, 5, 6, 7], [8, 9, 10]), (1, [11, 4], [5, 6, 7, 8, 9])])
     tc = TrainerConfig(rdrop_alpha=alpha, label_smoothing=0.1)
-    loss, _, _ = accumulate_gradients(model, [batch], tc, World(), torch.device("cpu"), nullcontext)
+    weight = model.output_layer.proj.weight
+    loss, _, _ = accumulate_gradients(model, weight, [batch], tc, World(), torch.device("cpu"), nullcontext)
     return loss, [p.grad.clone() for p in model.parameters()]
 
 

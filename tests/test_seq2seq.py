@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from data.specials import BOS_ID, EOS_ID, PAD_ID
 from models.build import build_model, count_parameters
 from models.config import RNNConfig, TransformerConfig
-from models.embeddings import OutputLayer, TokenEmbedding
+from models.embeddings import TokenEmbedding
 from models.rnn import RNNModel
 from models.search import map_state
 from models.seq2seq import ATTENTION_KEYS
@@ -28,7 +28,6 @@ class Family(NamedTuple):
     make: Callable[..., nn.Module]  # (src vocabulary, **config overrides) -> a tiny model in eval mode
     src_embed: Callable[[nn.Module], TokenEmbedding]
     tgt_embed: Callable[[nn.Module], TokenEmbedding]
-    output: Callable[[nn.Module], OutputLayer]
     layout: Callable[[nn.Module], Dict[str, tuple]]  # attention key -> (layers, heads)
 
 
@@ -47,7 +46,6 @@ FAMILIES = {
         tiny_rnn,
         lambda m: m.encoder.embed,
         lambda m: m.decoder.embed,
-        lambda m: m.decoder.output,
         # one cross layer: one head, or model.attention_heads of multihead attention
         lambda m: {"cross": (1, m.decoder.attention.n_heads), "encoder_self": (0, 1), "decoder_self": (0, 1)},
     ),
@@ -55,7 +53,6 @@ FAMILIES = {
         tiny_transformer,
         lambda m: m.src_embed,
         lambda m: m.tgt_embed,
-        lambda m: m.output,
         lambda m: {
             "cross": (m.cfg.decoder_layers, m.cfg.n_heads),
             "encoder_self": (m.cfg.encoder_layers, m.cfg.n_heads),
@@ -165,6 +162,19 @@ def test_logits_with_and_without_weights_agree_at_real_positions(variant):
         weighted, _ = model(src, src_mask, tgt, need_weights=True)  # (B, T, V)
     real = tgt != PAD_ID
     torch.testing.assert_close(fast[real], weighted[real], atol=1e-5, rtol=1e-5)
+
+
+@each_variant
+def test_the_states_before_the_output_layer_make_the_logits(variant):
+    """``forward(..., project=False)`` stops before the output layer (the training loss projects
+    the states itself, ``training/step.py``): the output layer makes the logits of them."""
+    model = model_of(variant)
+    src, src_mask, tgt = batch()
+    with torch.no_grad():
+        logits, _ = model(src, src_mask, tgt)  # (B, T, V)
+        states, _ = model(src, src_mask, tgt, project=False)  # (B, T, E)
+    assert states.shape == tgt.shape + (model.output_layer.proj.weight.size(1),)
+    torch.testing.assert_close(model.output_layer(states), logits)
 
 
 def teacher_forced_loss(
@@ -334,7 +344,7 @@ def test_encoder_self_attention_of_encode_is_that_of_the_full_pass(family):
 def test_shared_and_tied_embeddings(family):
     f = FAMILIES[family]
     model = f.make(tie_output=True, share_embeddings=True)
-    assert f.output(model).proj.weight is f.tgt_embed(model).weight
+    assert model.output_layer.proj.weight is f.tgt_embed(model).weight
     assert f.src_embed(model) is f.tgt_embed(model)
 
 
@@ -345,7 +355,7 @@ def test_source_embedding_is_separate_for_different_vocabularies(family):
     dim = f.tgt_embed(model).weight.size(1)
     assert f.src_embed(model) is not f.tgt_embed(model)
     assert f.src_embed(model).weight.shape == (60, dim)
-    assert f.output(model).proj.weight is f.tgt_embed(model).weight
+    assert model.output_layer.proj.weight is f.tgt_embed(model).weight
 
 
 @each_family
@@ -353,7 +363,7 @@ def test_untied_output_layer_is_its_own_parameter(family):
     f = FAMILIES[family]
     model = f.make(tie_output=False)
     dim = f.tgt_embed(model).weight.size(1)
-    assert f.output(model).proj.weight is not f.tgt_embed(model).weight
+    assert model.output_layer.proj.weight is not f.tgt_embed(model).weight
     assert count_parameters(model) == count_parameters(f.make()) + V * dim
 
 

@@ -28,6 +28,14 @@ from training.setup import Setup
 log = logging.getLogger(__name__)
 
 
+# Logits per block of ProjectedSmoothedNLL, by device type: on a CPU 8 MiB of float32, under the C
+# library's limit for memory it keeps for reuse (32 MiB): a block's buffers come back each block,
+# where whole (B, T, V) tensors were fresh, zeroed pages at every step (about a tenth of a step on
+# two cores); on a GPU blocks large enough to keep the kernels few.
+BLOCK_ELEMENTS = {"cpu": 2**21}
+GPU_BLOCK_ELEMENTS = 2**26
+
+
 def label_smoothed_nll(
     logits: Tensor, target: Tensor, pad_id: int, smoothing: float
 ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -47,6 +55,44 @@ def label_smoothed_nll(
     return loss, nll.detach(), keep.sum()
 
 
+def projected_smoothed_nll(
+    states: Tensor, weight: Tensor, target: Tensor, pad_id: int, smoothing: float, block_elements: Optional[int] = None
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """``label_smoothed_nll`` of the logits ``states @ weight.T``, without making them whole.
+
+    ``states`` ``(B, T, E)`` (a model's ``forward(..., project=False)``), ``weight`` ``(V, E)`` (its
+    ``output_layer``'s), ``target`` ``(B, T)``. The same three numbers as ``label_smoothed_nll`` of
+    the output layer's logits, and the same gradients (``ProjectedSmoothedNLL``); ``block_elements``:
+    logits per block (None: ``BLOCK_ELEMENTS`` of the device).
+    """
+    if block_elements is None:
+        block_elements = BLOCK_ELEMENTS.get(states.device.type, GPU_BLOCK_ELEMENTS)
+    keep = target != pad_id  # (B, T)
+    block_rows = max(1, block_elements // weight.size(0))
+    loss, nll = ProjectedSmoothedNLL.apply(states, weight, target, keep, smoothing, block_rows)
+    return loss, nll.detach(), keep.sum()
+
+
+def smoothed_losses(log_probs: Tensor, target: Tensor, keep: Tensor, smoothing: float) -> Tuple[Tensor, Tensor]:
+    """``log_probs`` ``(..., V)``, ``target`` and ``keep`` ``(...)`` -> the smoothed loss and the NLL
+    of each position ``(...)``, 0 where ``keep`` is False."""
+    nll = torch.where(keep, -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1), 0.0)  # (...)
+    if smoothing == 0:
+        return nll, nll
+    uniform = torch.where(keep, -log_probs.sum(dim=-1) / log_probs.size(-1), 0.0)  # (...)
+    return (1.0 - smoothing) * nll + smoothing * uniform, nll
+
+
+def smoothed_gradient_(probs: Tensor, target: Tensor, keep: Tensor, smoothing: float, scale) -> Tensor:
+    """The smoothed loss's gradient with respect to the logits, written over their softmax ``probs``
+    ``(..., V)``: ``scale * (p - (1 - eps) [j = y] - eps / V)``, 0 where ``keep`` ``(...)`` is False."""
+    if smoothing > 0:
+        probs.sub_(smoothing / probs.size(-1))
+    reference = torch.full(target.shape + (1,), smoothing - 1.0, dtype=probs.dtype, device=probs.device)
+    probs.scatter_add_(-1, target.unsqueeze(-1), reference)  # (..., V) less 1 - eps at the reference
+    return probs.mul_((keep.unsqueeze(-1) * scale).to(probs.dtype))  # (..., V) zero at padding
+
+
 class SmoothedNLL(torch.autograd.Function):
     """``label_smoothed_nll``'s two sums, and the smoothed loss's gradient in one step.
 
@@ -61,11 +107,7 @@ class SmoothedNLL(torch.autograd.Function):
         """``logits`` ``(B, T, V)``, ``target`` and ``keep`` ``(B, T)`` -> the smoothed loss's and the
         NLL's sums over the kept positions (float32 at least, whatever the logits' precision)."""
         log_probs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        nll = torch.where(keep, -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1), 0.0)  # (B, T)
-        loss = nll
-        if smoothing > 0:
-            uniform = torch.where(keep, -log_probs.sum(dim=-1) / log_probs.size(-1), 0.0)  # (B, T)
-            loss = (1.0 - smoothing) * nll + smoothing * uniform  # (B, T)
+        loss, nll = smoothed_losses(log_probs, target, keep, smoothing)  # (B, T) each
         ctx.save_for_backward(log_probs, target, keep)
         ctx.smoothing, ctx.dtype = smoothing, logits.dtype
         nll_sum = nll.sum()
@@ -75,17 +117,61 @@ class SmoothedNLL(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         log_probs, target, keep = ctx.saved_tensors
-        grad = log_probs.exp()  # (B, T, V) the softmax
-        if ctx.smoothing > 0:
-            grad.sub_(ctx.smoothing / log_probs.size(-1))
-        reference = torch.full(target.shape + (1,), ctx.smoothing - 1.0, dtype=grad.dtype, device=grad.device)
-        grad.scatter_add_(-1, target.unsqueeze(-1), reference)  # (B, T, V) less 1 - eps at the reference
-        grad.mul_((keep.unsqueeze(-1) * grad_loss).to(grad.dtype))  # (B, T, V) zero at padding
+        grad = smoothed_gradient_(log_probs.exp(), target, keep, ctx.smoothing, grad_loss)  # (B, T, V)
         return grad.to(ctx.dtype), None, None, None
+
+
+class ProjectedSmoothedNLL(torch.autograd.Function):
+    """The output layer's product and ``SmoothedNLL`` in one, ``block_rows`` positions at a time,
+    so that no ``(B, T, V)`` tensor is made: each block's logits, log-probabilities and gradient
+    share one buffer. The gradients are computed in the forward pass, where each block's softmax is
+    at hand (the logits' gradient is the softmax less the target distribution, ``SmoothedNLL``);
+    the backward pass scales them. The products run in the states' precision (autocast's, where
+    the model ran under it), the loss in float32 at least, the weight's gradient is summed over
+    the blocks in the weight's precision.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, states: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float, block_rows: int
+    ) -> Tuple[Tensor, Tensor]:
+        """``states`` ``(B, T, E)``, ``weight`` ``(V, E)``, ``target`` and ``keep`` ``(B, T)`` -> the
+        smoothed loss's and the NLL's sums over the kept positions."""
+        rows = states.reshape(-1, states.size(-1))  # (N, E)
+        targets, kept = target.reshape(-1), keep.reshape(-1)  # (N,)
+        w = weight.to(rows.dtype)  # (V, E)
+        grad_rows = torch.empty_like(rows)  # (N, E)
+        grad_weight = torch.zeros_like(weight)  # (V, E)
+        loss_type = torch.promote_types(rows.dtype, torch.float32)
+        loss = torch.zeros((), dtype=loss_type, device=rows.device)
+        nll = torch.zeros((), dtype=loss_type, device=rows.device)
+        for start in range(0, rows.size(0), block_rows):
+            block = slice(start, start + block_rows)
+            log_probs = torch.log_softmax((rows[block] @ w.t()).to(loss_type), dim=-1)  # (n, V)
+            block_loss, block_nll = smoothed_losses(log_probs, targets[block], kept[block], smoothing)  # (n,)
+            loss += block_loss.sum()
+            nll += block_nll.sum()
+            grad = smoothed_gradient_(log_probs.exp_(), targets[block], kept[block], smoothing, 1.0).to(w.dtype)
+            torch.mm(grad, w, out=grad_rows[block])  # (n, E)
+            if w.dtype == grad_weight.dtype:
+                grad_weight.addmm_(grad.t(), rows[block])  # (V, E)
+            else:  # summed in the weight's precision, not rounded to the products' at each block
+                grad_weight += grad.t() @ rows[block]  # (V, E)
+        ctx.save_for_backward(grad_rows, grad_weight)
+        ctx.states_shape = states.shape
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        grad_rows, grad_weight = ctx.saved_tensors
+        grad_states = (grad_rows * grad_loss.to(grad_rows.dtype)).view(ctx.states_shape)  # (B, T, E)
+        return grad_states, grad_weight * grad_loss.to(grad_weight.dtype), None, None, None, None
 
 
 def accumulate_gradients(
     forward: nn.Module,
+    output_weight: Tensor,
     batches: List[Batch],
     tc: TrainerConfig,
     world: World,
@@ -97,7 +183,9 @@ def accumulate_gradients(
     DDP a device scalar), and guided alignment's summed loss and linked pieces (``(2,)`` on the
     device; zeros when ``trainer.guided_alignment`` is 0). ``forward`` runs the model (itself, its
     DDP wrapper or its compiled form; ``training/efficiency.py`` counts the FLOPs of a bare model
-    with it). Nothing here waits for the device."""
+    with it) up to its output layer, whose weight ``output_weight`` the loss multiplies by
+    (``projected_smoothed_nll``); R-Drop, which compares the two passes' distributions, takes the
+    logits whole. Nothing here waits for the device."""
     # Every rank's target tokens together: DDP averages the ranks' gradients, hence the factor world_size.
     n_tokens = distributed.total_on_device(sum(b.n_tgt_tokens for b in batches), device)
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -110,12 +198,16 @@ def accumulate_gradients(
             batch = twice(batch)
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
             with autocast():
-                logits, attention = forward(batch.src, batch.src_mask, batch.tgt_in, alignment=guided)
-            loss, _, _ = label_smoothed_nll(logits, batch.tgt_out, PAD_ID, tc.label_smoothing)
-            loss = loss / passes
-            objective = loss
+                out, attention = forward(
+                    batch.src, batch.src_mask, batch.tgt_in, alignment=guided, project=passes == 2
+                )  # (B, T, V) logits, or (B, T, E) states
             if passes == 2:
-                objective = objective + tc.rdrop_alpha * symmetric_kl(logits, batch.tgt_out, PAD_ID) / 2
+                loss, _, _ = label_smoothed_nll(out, batch.tgt_out, PAD_ID, tc.label_smoothing)
+                loss = loss / passes
+                objective = loss + tc.rdrop_alpha * symmetric_kl(out, batch.tgt_out, PAD_ID) / 2
+            else:
+                loss, _, _ = projected_smoothed_nll(out, output_weight, batch.tgt_out, PAD_ID, tc.label_smoothing)
+                objective = loss
             if guided:
                 align_loss, linked = guided_alignment_loss(attention["alignment"][0], batch.links)
                 align_loss, linked = align_loss / passes, linked / passes
@@ -147,7 +239,7 @@ def optimizer_step(setup: Setup, batches: List[Batch], lr: float) -> StepStats:
     model, tc, optimizer = setup.model, setup.tc, setup.optimizer
     model.train()
     loss_sum, n_tokens, aligned = accumulate_gradients(
-        setup.forward, batches, tc, setup.world, setup.device, setup.autocast
+        setup.forward, model.output_layer.proj.weight, batches, tc, setup.world, setup.device, setup.autocast
     )
     clip = tc.clip_grad_norm if tc.clip_grad_norm is not None else float("inf")
     norm = nn.utils.clip_grad_norm_(model.parameters(), clip)
