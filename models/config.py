@@ -27,7 +27,7 @@ ATTENTION = {  # model.attention of each family
     "rnn": ("additive", "general", "scaled_dot", "multihead"),
     "transformer": ("scaled_dot", "additive"),
 }
-RATES = ("dropout", "attention_dropout")  # probabilities of dropping: in [0, 1)
+RATES = ("dropout", "attention_dropout", "activation_dropout")  # probabilities of dropping: in [0, 1) (or null where allowed)
 
 
 def value_problem(cfg: Any) -> Tuple[str, str]:
@@ -50,7 +50,7 @@ def value_problem(cfg: Any) -> Tuple[str, str]:
     if key:
         return key, problem
     for key in RATES:
-        if key in values and not 0.0 <= values[key] < 1.0:
+        if values.get(key) is not None and not 0.0 <= values[key] < 1.0:
             return key, f"must be in [0, 1), got {values[key]}"
     if values.get("attention") == "multihead" and values["attention_size"] % values["attention_heads"]:
         return "attention_size", (
@@ -146,6 +146,7 @@ class TransformerConfig:
     decoder_layers: int = 3
     dropout: float = 0.1  # on embeddings, sub-layer outputs and inside the feed-forward block
     attention_dropout: float = 0.0
+    activation_dropout: Optional[float] = None  # inside the feed-forward block, after the ReLU (null: dropout)
     # Every attention of the model (encoder self, decoder self, cross): scaled_dot (multi-head) or
     # additive (multi-head additive); each one's formula is in its class, models/attention.py.
     attention: str = "scaled_dot"

@@ -41,6 +41,12 @@ def make_attention(cfg: TransformerConfig) -> MultiHeadAttention:
     )
 
 
+def activation_dropout(cfg: TransformerConfig) -> float:
+    """The dropout inside the feed-forward block: ``model.activation_dropout`` (fairseq's
+    ``--activation-dropout``), or ``model.dropout`` where that is null."""
+    return cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
+
+
 class FeedForward(nn.Module):
     """Position-wise ``W_2 ReLU(W_1 x)`` (section 3.3)."""
 
@@ -81,7 +87,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = cfg.norm == "pre"
         self.self_attn = make_attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, cfg.dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, activation_dropout(cfg))
         self.attn_residual = Residual(cfg.d_model, cfg.dropout, pre)
         self.ff_residual = Residual(cfg.d_model, cfg.dropout, pre)
 
@@ -103,7 +109,7 @@ class DecoderLayer(nn.Module):
         pre = cfg.norm == "pre"
         self.self_attn = make_attention(cfg)
         self.cross_attn = make_attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, cfg.dropout)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.ff_size, activation_dropout(cfg))
         self.self_residual = Residual(cfg.d_model, cfg.dropout, pre)
         self.cross_residual = Residual(cfg.d_model, cfg.dropout, pre)
         self.ff_residual = Residual(cfg.d_model, cfg.dropout, pre)

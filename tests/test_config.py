@@ -170,6 +170,7 @@ def test_values_out_of_range_are_refused_naming_the_key(override, message):
         ("model.d_model=0", "model.d_model must be at least 1, got 0"),
         ("model=rnn model.attention_size=-2", "model.attention_size must be at least 1, got -2"),
         ("model.dropout=1.0", "model.dropout must be in [0, 1), got 1.0"),
+        ("model.activation_dropout=-0.1", "model.activation_dropout must be in [0, 1), got -0.1"),
         (
             "model.n_heads=3",
             "model.d_model (256) must be divisible by model.n_heads (3): each head takes d_model / n_heads dimensions",

@@ -340,6 +340,14 @@ def test_encoder_self_attention_of_encode_is_that_of_the_full_pass(family):
         torch.testing.assert_close(ours, theirs)
 
 
+@pytest.mark.parametrize("activation, expected", [(None, 0.3), (0.05, 0.05)])
+def test_the_feed_forward_blocks_dropout_is_activation_dropout_or_else_dropout(activation, expected):
+    model = tiny_transformer(dropout=0.3, activation_dropout=activation)
+    blocks = [layer.feed_forward.net for layer in [*model.encoder_layers, *model.decoder_layers]]
+    assert [block[2].p for block in blocks] == [expected] * len(blocks)  # Linear, ReLU, Dropout, Linear
+    assert model.dropout.p == 0.3  # the rest keeps model.dropout
+
+
 @each_family
 def test_shared_and_tied_embeddings(family):
     f = FAMILIES[family]
