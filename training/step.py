@@ -63,13 +63,17 @@ def projected_smoothed_nll(
     ``states`` ``(B, T, E)`` (a model's ``forward(..., project=False)``), ``weight`` ``(V, E)`` (its
     ``output_layer``'s), ``target`` ``(B, T)``. The same three numbers as ``label_smoothed_nll`` of
     the output layer's logits, and the same gradients (``ProjectedSmoothedNLL``); ``block_elements``:
-    logits per block (None: ``BLOCK_ELEMENTS`` of the device).
+    logits per block (None: ``BLOCK_ELEMENTS`` of the device). Under autocast the products run in
+    its precision, as the output layer's would.
     """
+    device = states.device.type
     if block_elements is None:
-        block_elements = BLOCK_ELEMENTS.get(states.device.type, GPU_BLOCK_ELEMENTS)
+        block_elements = BLOCK_ELEMENTS.get(device, GPU_BLOCK_ELEMENTS)
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else states.dtype
     keep = target != pad_id  # (B, T)
     block_rows = max(1, block_elements // weight.size(0))
-    loss, nll = ProjectedSmoothedNLL.apply(states, weight, target, keep, smoothing, block_rows)
+    with torch.autocast(device, enabled=False):  # the precisions are ProjectedSmoothedNLL's own
+        loss, nll = ProjectedSmoothedNLL.apply(states, weight, target, keep, smoothing, block_rows, dtype)
     return loss, nll.detach(), keep.sum()
 
 
@@ -126,23 +130,30 @@ class ProjectedSmoothedNLL(torch.autograd.Function):
     so that no ``(B, T, V)`` tensor is made: each block's logits, log-probabilities and gradient
     share one buffer. The gradients are computed in the forward pass, where each block's softmax is
     at hand (the logits' gradient is the softmax less the target distribution, ``SmoothedNLL``);
-    the backward pass scales them. The products run in the states' precision (autocast's, where
-    the model ran under it), the loss in float32 at least, the weight's gradient is summed over
-    the blocks in the weight's precision.
+    the backward pass scales them. The products run in ``dtype`` (autocast's, where the model ran
+    under it), the loss in float32 at least; the weight's gradient is summed over the blocks in the
+    weight's precision.
     """
 
     @staticmethod
     def forward(
-        ctx, states: Tensor, weight: Tensor, target: Tensor, keep: Tensor, smoothing: float, block_rows: int
+        ctx,
+        states: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        keep: Tensor,
+        smoothing: float,
+        block_rows: int,
+        dtype: torch.dtype,
     ) -> Tuple[Tensor, Tensor]:
         """``states`` ``(B, T, E)``, ``weight`` ``(V, E)``, ``target`` and ``keep`` ``(B, T)`` -> the
         smoothed loss's and the NLL's sums over the kept positions."""
-        rows = states.reshape(-1, states.size(-1))  # (N, E)
+        rows = states.reshape(-1, states.size(-1)).to(dtype)  # (N, E)
         targets, kept = target.reshape(-1), keep.reshape(-1)  # (N,)
-        w = weight.to(rows.dtype)  # (V, E)
+        w = weight.to(dtype)  # (V, E)
         grad_rows = torch.empty_like(rows)  # (N, E)
         grad_weight = torch.zeros_like(weight)  # (V, E)
-        loss_type = torch.promote_types(rows.dtype, torch.float32)
+        loss_type = torch.promote_types(dtype, torch.float32)
         loss = torch.zeros((), dtype=loss_type, device=rows.device)
         nll = torch.zeros((), dtype=loss_type, device=rows.device)
         for start in range(0, rows.size(0), block_rows):
@@ -158,15 +169,15 @@ class ProjectedSmoothedNLL(torch.autograd.Function):
             else:  # summed in the weight's precision, not rounded to the products' at each block
                 grad_weight += grad.t() @ rows[block]  # (V, E)
         ctx.save_for_backward(grad_rows, grad_weight)
-        ctx.states_shape = states.shape
+        ctx.states_shape, ctx.states_dtype = states.shape, states.dtype
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         grad_rows, grad_weight = ctx.saved_tensors
-        grad_states = (grad_rows * grad_loss.to(grad_rows.dtype)).view(ctx.states_shape)  # (B, T, E)
-        return grad_states, grad_weight * grad_loss.to(grad_weight.dtype), None, None, None, None
+        grad_states = (grad_rows * grad_loss.to(grad_rows.dtype)).to(ctx.states_dtype).view(ctx.states_shape)
+        return grad_states, grad_weight * grad_loss.to(grad_weight.dtype), None, None, None, None, None
 
 
 def accumulate_gradients(
@@ -201,13 +212,13 @@ def accumulate_gradients(
                 out, attention = forward(
                     batch.src, batch.src_mask, batch.tgt_in, alignment=guided, project=passes == 2
                 )  # (B, T, V) logits, or (B, T, E) states
+                if passes == 1:  # the output layer's product in the model's precision
+                    loss, _, _ = projected_smoothed_nll(out, output_weight, batch.tgt_out, PAD_ID, tc.label_smoothing)
+                    objective = loss
             if passes == 2:
                 loss, _, _ = label_smoothed_nll(out, batch.tgt_out, PAD_ID, tc.label_smoothing)
                 loss = loss / passes
                 objective = loss + tc.rdrop_alpha * symmetric_kl(out, batch.tgt_out, PAD_ID) / 2
-            else:
-                loss, _, _ = projected_smoothed_nll(out, output_weight, batch.tgt_out, PAD_ID, tc.label_smoothing)
-                objective = loss
             if guided:
                 align_loss, linked = guided_alignment_loss(attention["alignment"][0], batch.links)
                 align_loss, linked = align_loss / passes, linked / passes
