@@ -29,9 +29,9 @@ log = logging.getLogger(__name__)
 
 
 # Logits per block of ProjectedSmoothedNLL, by device type: on a CPU 8 MiB of float32, under the C
-# library's limit for memory it keeps for reuse (32 MiB): a block's buffers come back each block,
-# where whole (B, T, V) tensors were fresh, zeroed pages at every step (about a tenth of a step on
-# two cores); on a GPU blocks large enough to keep the kernels few.
+# library's limit for memory it keeps for reuse (32 MiB), so a block's buffers come back for the
+# next, where whole (B, T, V) tensors were fresh, zeroed pages at every step (the fastest of 2^19 to
+# 2^23, docs/benchmarks.md); on a GPU blocks large enough to keep the kernels few.
 BLOCK_ELEMENTS = {"cpu": 2**21}
 GPU_BLOCK_ELEMENTS = 2**26
 
@@ -202,20 +202,21 @@ def accumulate_gradients(
     total = torch.zeros((), dtype=torch.float64, device=device)
     aligned = torch.zeros(2, dtype=torch.float64, device=device)  # guided loss sum, linked pieces
     guided = tc.guided_alignment > 0
-    passes = 2 if tc.rdrop_alpha > 0 else 1  # R-Drop: each batch twice, the passes' mean loss
+    rdrop = tc.rdrop_alpha > 0
+    passes = 2 if rdrop else 1  # R-Drop: each batch twice, the passes' mean loss
     for k, batch in enumerate(batches):
         batch = batch.to(device)
-        if passes == 2:
+        if rdrop:
             batch = twice(batch)
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
             with autocast():
                 out, attention = forward(
-                    batch.src, batch.src_mask, batch.tgt_in, alignment=guided, project=passes == 2
-                )  # (B, T, V) logits, or (B, T, E) states
-                if passes == 1:  # the output layer's product in the model's precision
+                    batch.src, batch.src_mask, batch.tgt_in, alignment=guided, project=rdrop
+                )  # (B, T, V) logits with R-Drop, else (B, T, E) states
+                if not rdrop:  # the output layer's product in the model's precision
                     loss, _, _ = projected_smoothed_nll(out, output_weight, batch.tgt_out, PAD_ID, tc.label_smoothing)
                     objective = loss
-            if passes == 2:
+            if rdrop:  # the two passes' whole distributions
                 loss, _, _ = label_smoothed_nll(out, batch.tgt_out, PAD_ID, tc.label_smoothing)
                 loss = loss / passes
                 objective = loss + tc.rdrop_alpha * symmetric_kl(out, batch.tgt_out, PAD_ID) / 2
