@@ -27,7 +27,8 @@ ATTENTION = {  # model.attention of each family
     "rnn": ("additive", "general", "scaled_dot", "multihead"),
     "transformer": ("scaled_dot", "additive"),
 }
-RATES = ("dropout", "attention_dropout", "activation_dropout")  # probabilities of dropping: in [0, 1) (or null where allowed)
+RATES = ("dropout", "attention_dropout", "activation_dropout")  # probabilities of dropping: in [0, 1)
+NULL_RATES = ("activation_dropout",)  # null: another rate's value (models/transformer.py)
 
 
 def value_problem(cfg: Any) -> Tuple[str, str]:
@@ -50,7 +51,9 @@ def value_problem(cfg: Any) -> Tuple[str, str]:
     if key:
         return key, problem
     for key in RATES:
-        if values.get(key) is not None and not 0.0 <= values[key] < 1.0:
+        if key not in values or (values[key] is None and key in NULL_RATES):
+            continue
+        if values[key] is None or not 0.0 <= values[key] < 1.0:
             return key, f"must be in [0, 1), got {values[key]}"
     if values.get("attention") == "multihead" and values["attention_size"] % values["attention_heads"]:
         return "attention_size", (

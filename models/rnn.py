@@ -249,13 +249,13 @@ class RNNModel(nn.Module):
             tops.append(top)
             contexts.append(context)
             weights.append(step_weights)
-        logits = self.decoder.logits(
+        out = self.decoder.logits(
             torch.stack(tops, 1), torch.stack(contexts, 1), embedded, project
-        )  # (B, T, V) or (B, T, E)
+        )  # (B, T, V) logits, or (B, T, E)
         if not (need_weights or alignment):
-            return logits, {}
+            return out, {}
         cross = torch.stack(weights, 2)  # (B, H, T, S) one layer
         found = {"cross": [cross], "decoder_self": [], **encoded.attention} if need_weights else {}
         if alignment:
             found["alignment"] = [cross[:, : self.cfg.alignment_heads]]  # (B, H_a, T, S)
-        return logits, found
+        return out, found

@@ -7,7 +7,8 @@ A model has:
 - ``decode_step(tokens, state) -> (logits, state)``: one target step for ``tokens`` ``(B,)``;
   logits ``(B, V)``. The state is new; the one passed in is not modified. (Alignments come from a
   teacher-forced ``forward`` over a finished output: ``alignment/forced.py``.)
-- ``forward(src, src_mask, tgt_in, need_weights=False) -> (logits, attention)``: teacher-forced
+- ``forward(src, src_mask, tgt_in, need_weights=False, alignment=False, project=True) -> (logits,
+  attention)``: teacher-forced
   pass over a whole target, logits ``(B, T, V)``; ``attention`` is ``{}`` unless asked. With
   ``project=False`` it gives the output layer's input ``(B, T, E)`` in place of the logits: the
   training step projects it inside its loss, a block of rows at a time (``training/step.py``).

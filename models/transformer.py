@@ -246,9 +246,9 @@ class Transformer(nn.Module):
             self_weights.append(self_w)
             cross_weights.append(cross_w)
         x = self.decoder_norm(x)  # (B, T, D)
-        logits = self.output(x) if project else x  # (B, T, V) or (B, T, D)
+        out = self.output(x) if project else x  # (B, T, V) logits, or (B, T, D)
         state = {"src_mask": state["src_mask"], "layers": caches}
-        return logits, state, {"cross": cross_weights, "decoder_self": self_weights}
+        return out, state, {"cross": cross_weights, "decoder_self": self_weights}
 
     def forward(
         self,
@@ -277,7 +277,7 @@ class Transformer(nn.Module):
         encoded = self.encode(src, src_mask, need_weights)
         self_mask = target_self_mask(tgt_in, self.pad_id) if need_weights else None  # (B, 1, T, T)
         layer = alignment_layer(self.cfg) - 1
-        logits, _, attention = self.decode(
+        out, _, attention = self.decode(
             tgt_in,
             self.start_state(encoded),
             self_mask,
@@ -289,7 +289,7 @@ class Transformer(nn.Module):
         found = {**attention, **encoded.attention} if need_weights else {}
         if alignment:
             found["alignment"] = [attention["cross"][layer][:, : self.cfg.alignment_heads]]  # (B, H_a, T, S)
-        return logits, found
+        return out, found
 
     def decode_step(self, tokens: Tensor, state: Dict[str, object]) -> Tuple[Tensor, Dict[str, object]]:
         """One step: ``tokens`` ``(B,)`` -> logits ``(B, V)`` and the new state."""

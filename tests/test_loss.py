@@ -166,3 +166,15 @@ def test_under_bf16_autocast_the_products_run_in_bf16_the_loss_in_float32(states
     torch.testing.assert_close(loss, loss2)  # the same bf16 logits: float32 agreement
     torch.testing.assert_close(ours[0].grad, theirs[0].grad)
     torch.testing.assert_close(ours[1].grad, theirs[1].grad, atol=1e-2, rtol=1e-2)  # summed at each block
+
+
+def test_the_projected_loss_makes_only_the_gradients_its_inputs_need():
+    states, weight, target = projection_example()
+    w = weight.clone().requires_grad_()
+    loss, _, _ = projected_smoothed_nll(states, w, target, PAD_ID, 0.1, block_elements=4 * V)  # states fixed
+    loss.backward()
+    w2 = weight.clone().requires_grad_()
+    label_smoothed_nll(states @ w2.t(), target, PAD_ID, 0.1)[0].backward()
+    torch.testing.assert_close(w.grad, w2.grad)
+    with torch.no_grad():  # validation's way: the numbers alone
+        assert projected_smoothed_nll(states, w, target, PAD_ID, 0.1)[0] == pytest.approx(loss.item())

@@ -45,18 +45,20 @@ def test_twice_stacks_every_field_of_a_batch_on_itself():
 
 
 FAMILIES = {
-    "transformer": lambda dropout: TransformerConfig(
-        d_model=16, n_heads=2, ff_size=32, encoder_layers=1, decoder_layers=1, dropout=dropout
+    "transformer": lambda dropout, tie: TransformerConfig(
+        d_model=16, n_heads=2, ff_size=32, encoder_layers=1, decoder_layers=1, dropout=dropout, tie_output=tie
     ),
-    "rnn": lambda dropout: RNNConfig(embed_dim=12, hidden_size=16, attention_size=8, dropout=dropout),
+    "rnn": lambda dropout, tie: RNNConfig(
+        embed_dim=12, hidden_size=16, attention_size=8, dropout=dropout, tie_output=tie
+    ),
 }
 
 
-def step(family: str, dropout: float, alpha: float):
+def step(family: str, dropout: float, alpha: float, tie: bool = True):
     """The summed loss and the gradients of one accumulation over a tiny batch (weights and dropout
     masks from seed 0)."""
     torch.manual_seed(0)
-    model = build_model(FAMILIES[family](dropout), V, V).train()
+    model = build_model(FAMILIES[family](dropout, tie), V, V).train()
     batch = collate([(0, [4, 5, 6, 7], [8, 9, 10]), (1, [11, 4], [5, 6, 7, 8, 9])])
     tc = TrainerConfig(rdrop_alpha=alpha, label_smoothing=0.1)
     weight = model.output_layer.proj.weight
@@ -64,10 +66,13 @@ def step(family: str, dropout: float, alpha: float):
     return loss, [p.grad.clone() for p in model.parameters()]
 
 
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_without_dropout_the_two_passes_agree_and_r_drop_changes_nothing(family):
-    loss, grads = step(family, dropout=0.0, alpha=0.0)
-    loss2, grads2 = step(family, dropout=0.0, alpha=5.0)
+def test_without_dropout_the_two_passes_agree_and_r_drop_changes_nothing(family, tie):
+    """Also the training loss against the whole logits: without R-Drop the step projects the
+    states a block at a time (training/step.py), with it the model's logits are whole."""
+    loss, grads = step(family, dropout=0.0, alpha=0.0, tie=tie)
+    loss2, grads2 = step(family, dropout=0.0, alpha=5.0, tie=tie)
     assert loss2.item() == pytest.approx(loss.item(), rel=1e-6)  # the mean of two equal passes
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads, grads2))
 

@@ -111,6 +111,9 @@ def wrap(model: torch.nn.Module, world: World, device: torch.device) -> torch.nn
         return model
     from torch.nn.parallel import DistributedDataParallel
 
+    # The loss multiplies by the output layer's weight outside this module's forward (training/step.py):
+    # an untied weight is not in the forward's graph, which DDP's defaults allow (every parameter
+    # gets its gradient in the backward); find_unused_parameters or static_graph would not.
     return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
 

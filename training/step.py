@@ -14,6 +14,7 @@ from typing import Callable, ContextManager, List, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from data.batching import Batch
 from data.specials import PAD_ID
@@ -127,12 +128,12 @@ class SmoothedNLL(torch.autograd.Function):
 
 class ProjectedSmoothedNLL(torch.autograd.Function):
     """The output layer's product and ``SmoothedNLL`` in one, ``block_rows`` positions at a time,
-    so that no ``(B, T, V)`` tensor is made: each block's logits, log-probabilities and gradient
-    share one buffer. The gradients are computed in the forward pass, where each block's softmax is
-    at hand (the logits' gradient is the softmax less the target distribution, ``SmoothedNLL``);
-    the backward pass scales them. The products run in ``dtype`` (autocast's, where the model ran
-    under it), the loss in float32 at least; the weight's gradient is summed over the blocks in the
-    weight's precision.
+    so that no ``(B, T, V)`` tensor is made: each block's logits, then its log-probabilities, which
+    become its gradient in place. The gradients are computed in the forward pass, where each
+    block's softmax is at hand (the logits' gradient is the softmax less the target distribution,
+    ``SmoothedNLL``), and only where an input needs one; the backward pass scales them. The
+    products run in ``dtype`` (autocast's, where the model ran under it), the loss in float32 at
+    least; the blocks' products for the weight's gradient are added up in the weight's precision.
     """
 
     @staticmethod
@@ -151,8 +152,9 @@ class ProjectedSmoothedNLL(torch.autograd.Function):
         rows = states.reshape(-1, states.size(-1)).to(dtype)  # (N, E)
         targets, kept = target.reshape(-1), keep.reshape(-1)  # (N,)
         w = weight.to(dtype)  # (V, E)
-        grad_rows = torch.empty_like(rows)  # (N, E)
-        grad_weight = torch.zeros_like(weight)  # (V, E)
+        need_rows, need_weight = ctx.needs_input_grad[:2]
+        grad_rows = torch.empty_like(rows) if need_rows else None  # (N, E)
+        grad_weight = torch.zeros_like(weight) if need_weight else None  # (V, E)
         loss_type = torch.promote_types(dtype, torch.float32)
         loss = torch.zeros((), dtype=loss_type, device=rows.device)
         nll = torch.zeros((), dtype=loss_type, device=rows.device)
@@ -162,11 +164,14 @@ class ProjectedSmoothedNLL(torch.autograd.Function):
             block_loss, block_nll = smoothed_losses(log_probs, targets[block], kept[block], smoothing)  # (n,)
             loss += block_loss.sum()
             nll += block_nll.sum()
+            if not (need_rows or need_weight):
+                continue
             grad = smoothed_gradient_(log_probs.exp_(), targets[block], kept[block], smoothing, 1.0).to(w.dtype)
-            torch.mm(grad, w, out=grad_rows[block])  # (n, E)
-            if w.dtype == grad_weight.dtype:
+            if need_rows:
+                torch.mm(grad, w, out=grad_rows[block])  # (n, E)
+            if need_weight and w.dtype == grad_weight.dtype:
                 grad_weight.addmm_(grad.t(), rows[block])  # (V, E)
-            else:  # summed in the weight's precision, not rounded to the products' at each block
+            elif need_weight:  # the blocks' bf16 products added up in float32
                 grad_weight += grad.t() @ rows[block]  # (V, E)
         ctx.save_for_backward(grad_rows, grad_weight)
         ctx.states_shape, ctx.states_dtype = states.shape, states.dtype
@@ -174,10 +179,16 @@ class ProjectedSmoothedNLL(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
+    @once_differentiable  # the gradients are numbers of the forward pass, not functions of it
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         grad_rows, grad_weight = ctx.saved_tensors
-        grad_states = (grad_rows * grad_loss.to(grad_rows.dtype)).to(ctx.states_dtype).view(ctx.states_shape)
-        return grad_states, grad_weight * grad_loss.to(grad_weight.dtype), None, None, None, None, None
+        grad_states = None
+        if grad_rows is not None:  # scaled in float32 at least, then in the states' precision
+            wide = grad_rows.to(torch.promote_types(grad_rows.dtype, grad_loss.dtype))
+            grad_states = (wide * grad_loss).to(ctx.states_dtype).view(ctx.states_shape)  # (B, T, E)
+        if grad_weight is not None:
+            grad_weight = grad_weight * grad_loss.to(grad_weight.dtype)  # (V, E)
+        return grad_states, grad_weight, None, None, None, None, None
 
 
 def accumulate_gradients(
