@@ -149,7 +149,8 @@ class TransformerConfig:
     decoder_layers: int = 3
     dropout: float = 0.1  # on embeddings, sub-layer outputs and inside the feed-forward block
     attention_dropout: float = 0.0
-    activation_dropout: Optional[float] = None  # inside the feed-forward block, after the ReLU (null: dropout)
+    # inside the feed-forward block, after the ReLU (null: dropout; fairseq's --activation-dropout)
+    activation_dropout: Optional[float] = None
     # Every attention of the model (encoder self, decoder self, cross): scaled_dot (multi-head) or
     # additive (multi-head additive); each one's formula is in its class, models/attention.py.
     attention: str = "scaled_dot"

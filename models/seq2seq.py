@@ -8,10 +8,10 @@ A model has:
   logits ``(B, V)``. The state is new; the one passed in is not modified. (Alignments come from a
   teacher-forced ``forward`` over a finished output: ``alignment/forced.py``.)
 - ``forward(src, src_mask, tgt_in, need_weights=False, alignment=False, project=True) -> (logits,
-  attention)``: teacher-forced
-  pass over a whole target, logits ``(B, T, V)``; ``attention`` is ``{}`` unless asked. With
-  ``project=False`` it gives the output layer's input ``(B, T, E)`` in place of the logits: the
-  training step projects it inside its loss, a block of rows at a time (``training/step.py``).
+  attention)``: teacher-forced pass over a whole target, logits ``(B, T, V)``; ``attention`` is
+  ``{}`` unless asked. With ``project=False`` it gives the output layer's input ``(B, T, E)`` in
+  place of the logits: the training step projects it inside its loss, a block of rows at a time
+  (``training/step.py``).
 - ``output_layer``: the ``OutputLayer`` (``models/embeddings.py``) that makes the logits.
 
 The attention of ``forward(..., need_weights=True)`` has one structure in both families, a dict

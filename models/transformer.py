@@ -231,8 +231,9 @@ class Transformer(nn.Module):
         "earlier positions only, no mask tensor" and needs an empty cache (``t = 0``).
         ``cross_layer`` (0-based): that layer's cross weights are computed even without ``need_weights``.
 
-        Returns logits ``(B, T, V)`` (``project=False``: the output layer's input ``(B, T, D)``), the extended state, and per-layer weights
-        ``{"cross": [(B, H, T, S)], "decoder_self": [(B, H, T, t + T)]}`` (None entries unless asked).
+        Returns logits ``(B, T, V)`` (``project=False``: the output layer's input ``(B, T, D)``), the
+        extended state, and per-layer weights ``{"cross": [(B, H, T, S)], "decoder_self": [(B, H, T,
+        t + T)]}`` (None entries unless asked).
         """
         offset = state["layers"][0]["self_k"].size(2) if state["layers"] else 0  # t
         x = self.dropout(self.positions(self.tgt_embed(tokens), offset))  # (B, T, D)

@@ -162,7 +162,11 @@ def test_under_bf16_autocast_the_products_run_in_bf16_the_loss_in_float32(states
         logits = theirs[0] @ theirs[1].t()  # (B, T, V) autocast's output layer, in bf16
     loss2, _, _ = label_smoothed_nll(logits, target, PAD_ID, 0.1)
     loss2.backward()
-    assert loss.dtype == torch.float32 and ours[0].grad.dtype == states_type and ours[1].grad.dtype == torch.float32
+    assert (
+        loss.dtype == torch.float32
+        and ours[0].grad.dtype == states_type
+        and ours[1].grad.dtype == torch.float32
+    )
     torch.testing.assert_close(loss, loss2)  # the same bf16 logits: float32 agreement
     torch.testing.assert_close(ours[0].grad, theirs[0].grad)
     torch.testing.assert_close(ours[1].grad, theirs[1].grad, atol=1e-2, rtol=1e-2)  # summed at each block

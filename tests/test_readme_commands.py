@@ -51,6 +51,7 @@ OTHER_TOOLS = {
     "--samples_per_plugin": "tensorboard",
     "--print-alignment": "fairseq",
     "--rdrop-alpha": "fairseq",
+    "--activation-dropout": "fairseq",
     "--dist": "pytest-xdist",
 }
 # Placeholders the documents write for a number in an override (``trainer.lr=LR``), and a number.

@@ -57,7 +57,12 @@ def label_smoothed_nll(
 
 
 def projected_smoothed_nll(
-    states: Tensor, weight: Tensor, target: Tensor, pad_id: int, smoothing: float, block_elements: Optional[int] = None
+    states: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    pad_id: int,
+    smoothing: float,
+    block_elements: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """``label_smoothed_nll`` of the logits ``states @ weight.T``, without making them whole.
 
@@ -78,7 +83,9 @@ def projected_smoothed_nll(
     return loss, nll.detach(), keep.sum()
 
 
-def smoothed_losses(log_probs: Tensor, target: Tensor, keep: Tensor, smoothing: float) -> Tuple[Tensor, Tensor]:
+def smoothed_losses(
+    log_probs: Tensor, target: Tensor, keep: Tensor, smoothing: float
+) -> Tuple[Tensor, Tensor]:
     """``log_probs`` ``(..., V)``, ``target`` and ``keep`` ``(...)`` -> the smoothed loss and the NLL
     of each position ``(...)``, 0 where ``keep`` is False."""
     nll = torch.where(keep, -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1), 0.0)  # (...)
@@ -166,7 +173,9 @@ class ProjectedSmoothedNLL(torch.autograd.Function):
             nll += block_nll.sum()
             if not (need_rows or need_weight):
                 continue
-            grad = smoothed_gradient_(log_probs.exp_(), targets[block], kept[block], smoothing, 1.0).to(w.dtype)
+            grad = smoothed_gradient_(log_probs.exp_(), targets[block], kept[block], smoothing, 1.0).to(
+                w.dtype
+            )
             if need_rows:
                 torch.mm(grad, w, out=grad_rows[block])  # (n, E)
             if need_weight and w.dtype == grad_weight.dtype:
@@ -225,7 +234,9 @@ def accumulate_gradients(
                     batch.src, batch.src_mask, batch.tgt_in, alignment=guided, project=rdrop
                 )  # (B, T, V) logits with R-Drop, else (B, T, E) states
                 if not rdrop:  # the output layer's product in the model's precision
-                    loss, _, _ = projected_smoothed_nll(out, output_weight, batch.tgt_out, PAD_ID, tc.label_smoothing)
+                    loss, _, _ = projected_smoothed_nll(
+                        out, output_weight, batch.tgt_out, PAD_ID, tc.label_smoothing
+                    )
                     objective = loss
             if rdrop:  # the two passes' whole distributions
                 loss, _, _ = label_smoothed_nll(out, batch.tgt_out, PAD_ID, tc.label_smoothing)
