@@ -118,7 +118,7 @@ def projection_example(dtype=torch.float64):
     """States ``(3, 5, E)`` and an output weight ``(V, E)`` with ``example()``'s target."""
     _, target = example()
     states = torch.randn(3, 5, 8, dtype=dtype)
-    weight = torch.randn(V, 8, dtype=torch.float64 if dtype == torch.float64 else torch.float32) * 0.5
+    weight = torch.randn(V, 8, dtype=dtype) * 0.5
     return states, weight, target
 
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 # library's limit for memory it keeps for reuse (32 MiB), so a block's buffers come back for the
 # next, where whole (B, T, V) tensors were fresh, zeroed pages at every step (the fastest of 2^19 to
 # 2^23, docs/benchmarks.md); on a GPU blocks large enough to keep the kernels few.
-BLOCK_ELEMENTS = {"cpu": 2**21}
+CPU_BLOCK_ELEMENTS = 2**21
 GPU_BLOCK_ELEMENTS = 2**26
 
 
@@ -69,12 +69,12 @@ def projected_smoothed_nll(
     ``states`` ``(B, T, E)`` (a model's ``forward(..., project=False)``), ``weight`` ``(V, E)`` (its
     ``output_layer``'s), ``target`` ``(B, T)``. The same three numbers as ``label_smoothed_nll`` of
     the output layer's logits, and the same gradients (``ProjectedSmoothedNLL``); ``block_elements``:
-    logits per block (None: ``BLOCK_ELEMENTS`` of the device). Under autocast the products run in
+    logits per block (None: ``CPU_BLOCK_ELEMENTS`` or ``GPU_BLOCK_ELEMENTS``). Under autocast the products run in
     its precision, as the output layer's would.
     """
     device = states.device.type
     if block_elements is None:
-        block_elements = BLOCK_ELEMENTS.get(device, GPU_BLOCK_ELEMENTS)
+        block_elements = CPU_BLOCK_ELEMENTS if device == "cpu" else GPU_BLOCK_ELEMENTS
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else states.dtype
     keep = target != pad_id  # (B, T)
     block_rows = max(1, block_elements // weight.size(0))
