@@ -57,10 +57,10 @@ class DataConfig:
     # model's; 0.1-0.5 usual), a function of (seed, epoch, pair); null: off. Unigram models only.
     # Validation and test text is never sampled.
     sampling_alpha: Optional[float] = None
-    # Guided alignment's reference links of the training pairs (trainer.guided_alignment; alignment/reference.py):
-    # a Pharaoh file (a line per training pair, "i-j" links of space-separated words, from 0) or
-    # fast_align (computed over the training text, then cached); null: none.
-    alignments: Optional[str] = None
+    # Guided alignment's reference links of the training pairs, read only when trainer.guided_alignment
+    # is above 0 (alignment/reference.py): a Pharaoh file (a line per training pair, "i-j" links of
+    # space-separated words, from 0) or fast_align (computed over the training text, then cached); null: none.
+    alignments: Optional[str] = "fast_align"
 
 
 def data_config(node) -> DataConfig:
@@ -79,10 +79,5 @@ def data_config(node) -> DataConfig:
         raise ValueError(
             "data.sampling_alpha samples the segmentations of a unigram model: set data.spm_model_type=unigram "
             "or data.sampling_alpha=null"
-        )
-    if cfg.alignments is not None and cfg.sampling_alpha is not None:
-        raise ValueError(
-            "data.alignments links the pieces of one segmentation; data.sampling_alpha draws a new one every "
-            "epoch: set one of them to null"
         )
     return cfg

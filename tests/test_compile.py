@@ -10,7 +10,8 @@ from helpers import FLOAT32, TINY
 
 
 def epoch_graphs(trainer: Trainer) -> dict:
-    """Dynamo's counters after the model's training forward and backward over one epoch."""
+    """Dynamo's counters after the model's training forward and backward over one epoch, each batch
+    as training passes it (the output layer's input, without and with guided alignment's heads)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -21,20 +22,25 @@ def epoch_graphs(trainer: Trainer) -> dict:
     try:
         for indices in trainer.sampler:
             batch = trainer.collate(indices, 0)  # as training pads it (data.pad_multiple)
-            logits, _ = compiled(batch.src, batch.src_mask, batch.tgt_in)
-            logits.float().mean().backward()
-            model.zero_grad(set_to_none=True)
+            for guided in (False, True):
+                states, attention = compiled(
+                    batch.src, batch.src_mask, batch.tgt_in, alignment=guided, project=False
+                )  # (B, T, E), {"alignment": [(B, H_a, T, S)]} when guided
+                loss = states.float().mean() + sum(a.float().mean() for a in attention.get("alignment", []))
+                loss.backward()
+                model.zero_grad(set_to_none=True)
         return {"graphs": counters["stats"]["unique_graphs"], "breaks": dict(counters["graph_break"])}
     finally:
         torch._dynamo.reset()  # no compiled code left to the worker's next tests
 
 
-def test_the_transformer_compiles_into_two_graphs_an_epoch_without_a_break(
+def test_the_transformer_compiles_into_two_graphs_an_epoch_guided_or_not_without_a_break(
     multi30k_slice, compose_config, tmp_path
 ):
     """The first batch's shapes give a static graph; the next shape, one with dynamic batch and
     lengths, which every later batch reuses (no graph per shape, none at a new length; the same
-    with ``data.pad_multiple=8``, measured)."""
+    with ``data.pad_multiple=8``, measured): two graphs for each of the unguided and the guided
+    forward."""
     overrides = [
         f"data.root={multi30k_slice}",
         f"data.cache_dir={tmp_path.parent / 'cache'}",
@@ -46,4 +52,4 @@ def test_the_transformer_compiles_into_two_graphs_an_epoch_without_a_break(
     trainer = Trainer(compose_config(overrides), tmp_path)
     assert len(trainer.sampler) > 5
     found = epoch_graphs(trainer)
-    assert found == {"graphs": 2, "breaks": {}}
+    assert found == {"graphs": 4, "breaks": {}}

@@ -13,7 +13,7 @@ from data.config import DataConfig, data_config
 from data.specials import BOS_ID, PAD_ID
 from models.build import build_model
 from models.config import RNNConfig, TransformerConfig
-from training.config import TrainerConfig, model_config, trainer_config
+from training.config import TrainerConfig, checked_config, model_config, trainer_config
 from training.schedule import SCHEDULES
 
 from helpers import ROOT, compose
@@ -182,6 +182,41 @@ def test_model_values_out_of_range_are_refused_naming_the_key(override, message)
     with pytest.raises(ValueError) as caught:
         model_config(compose_config(*override.split()).model)
     assert str(caught.value) == message
+
+
+def test_the_default_transformer_is_guided_by_fast_align_and_the_others_are_not():
+    """Guided alignment is the small Transformer's default (0.1 on fast_align's links); the RNN, the
+    tiny and the base Transformer and the attention experiments train unguided."""
+    data, _, trainer = checked_config(compose_config())
+    assert (data.alignments, trainer.guided_alignment) == ("fast_align", 0.1)
+    for overrides in (["model=rnn"], ["model=tiny_transformer"], ["model=transformer_base"]):
+        assert checked_config(compose_config(*overrides))[2].guided_alignment == 0.0, overrides
+    for experiment in ("attention_grid", "attention_lr"):
+        assert compose_config(f"+experiment={experiment}").trainer.guided_alignment == 0.0
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "data.alignments=null",
+            "trainer.guided_alignment=0.1 needs reference links: set data.alignments (a Pharaoh file of the "
+            "training pairs, or fast_align) or trainer.guided_alignment=0",
+        ),
+        (
+            "data.sampling_alpha=0.2",
+            "trainer.guided_alignment=0.1 follows links between the pieces of one segmentation; "
+            "data.sampling_alpha draws a new one every epoch: set trainer.guided_alignment=0 or "
+            "data.sampling_alpha=null",
+        ),
+    ],
+)
+def test_guidance_without_links_or_with_sampling_is_refused_and_unguided_runs_take_either(override, message):
+    with pytest.raises(ValueError) as caught:
+        checked_config(compose_config(override))
+    assert str(caught.value) == message
+    for unguided in (["trainer.guided_alignment=0"], ["model=rnn"]):
+        checked_config(compose_config(override, *unguided))  # data.alignments is read only when guided
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ def make_trainer(multi30k_slice, compose_config, tmp_path, *extra) -> Trainer:
         "trainer.log_every=1",
         "trainer.eval_every=1000000",
         "trainer.attention_samples=0",
+        "trainer.guided_alignment=0",  # the default Transformer's guidance: test_guided_alignment.py
         *FLOAT32,
         *TINY,
         *extra,
