@@ -128,16 +128,16 @@ def checked_config(cfg: DictConfig) -> Tuple[DataConfig, Any, "TrainerConfig"]:
     """The ``data``, ``model`` and ``trainer`` nodes as their dataclasses, every value checked: the
     whole config is refused (one line naming the key) before any data is read or prepared."""
     data, model, trainer = data_config(cfg.data), model_config(cfg.model), trainer_config(cfg.trainer)
+    guided = f"trainer.guided_alignment={trainer.guided_alignment}"
     if trainer.guided_alignment > 0 and data.alignments is None:
         raise ValueError(
-            f"trainer.guided_alignment={trainer.guided_alignment} needs reference links: set data.alignments "
-            "(a Pharaoh file of the training pairs, or fast_align) or trainer.guided_alignment=0"
+            f"{guided} needs reference links: set data.alignments (a Pharaoh file of the training pairs, "
+            "or fast_align) or trainer.guided_alignment=0"
         )
     if trainer.guided_alignment > 0 and data.sampling_alpha is not None:
         raise ValueError(
-            f"trainer.guided_alignment={trainer.guided_alignment} follows links between the pieces of one "
-            "segmentation; data.sampling_alpha draws a new one every epoch: set trainer.guided_alignment=0 "
-            "or data.sampling_alpha=null"
+            f"{guided} follows links between the pieces of one segmentation; data.sampling_alpha draws a "
+            "new one every epoch: set trainer.guided_alignment=0 or data.sampling_alpha=null"
         )
     return data, model, trainer
 

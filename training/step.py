@@ -69,8 +69,8 @@ def projected_smoothed_nll(
     ``states`` ``(B, T, E)`` (a model's ``forward(..., project=False)``), ``weight`` ``(V, E)`` (its
     ``output_layer``'s), ``target`` ``(B, T)``. The same three numbers as ``label_smoothed_nll`` of
     the output layer's logits, and the same gradients (``ProjectedSmoothedNLL``); ``block_elements``:
-    logits per block (None: ``CPU_BLOCK_ELEMENTS`` or ``GPU_BLOCK_ELEMENTS``). Under autocast the products run in
-    its precision, as the output layer's would.
+    logits per block (None: ``CPU_BLOCK_ELEMENTS`` or ``GPU_BLOCK_ELEMENTS``). Under autocast the
+    products run in its precision, as the output layer's would.
     """
     device = states.device.type
     if block_elements is None:
