@@ -331,6 +331,15 @@ def measure_training(args: argparse.Namespace) -> Dict[str, Any]:
         }
 
 
+def compiled_label(row: Dict[str, Any]) -> str:
+    """What the precision cell adds for a compiled model: ", compiled", with its mode unless torch's
+    default (rows of older reports have no mode)."""
+    if not row["compile"]:
+        return ""
+    mode = row.get("compile_mode") or "default"
+    return ", compiled" if mode == "default" else f", compiled {mode}"
+
+
 def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
     """The precision and compilation of ``trainer``'s steps, their model FLOPs per target token
     (counted on ``FLOP_BATCHES`` batches of the epoch), the FLOP/s at ``tokens_per_second``, the
@@ -360,6 +369,7 @@ def utilisation(trainer: Any, tokens_per_second: float) -> Dict[str, Any]:
     result = {
         "precision": precision,
         "compile": bool(tc.compile),
+        "compile_mode": tc.compile_mode if tc.compile else None,
         "gflops_per_tgt_token": round(per_token / 1e9, 4),
         "tflops_per_s": round(achieved / 1e12, 3),
         "peak_tflops": peak,
@@ -540,7 +550,7 @@ def train_table(result: Dict[str, Any]) -> str:
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in result["rows"]:
-        precision = r["precision"] + (", compiled" if r["compile"] else "")
+        precision = r["precision"] + compiled_label(r)
         use = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         lines.append(
             f"| {r['model']} | {r['params']:,} | {precision} | {r['batch_tokens']} | {r['tgt_tokens_per_batch']:,.0f} | "
@@ -593,7 +603,7 @@ def profile_table(kind: str, rows: List[Dict[str, Any]]) -> List[str]:
                 f"{r['matmul_gflops']:.1f}",
                 "n/a" if share is None else f"{100 * share:.0f}%",
             ]
-        precision = r["precision"] + (", compiled" if r["compile"] else "")
+        precision = r["precision"] + compiled_label(r)
         lines.append(
             f"| {r['model']} | {precision} | {r['profile_seconds_per_step']:.4f} | {' | '.join(cells)} |"
         )

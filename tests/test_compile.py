@@ -2,8 +2,16 @@
 an epoch of real batches (the Multi30k slice, the tiny config). Traced by Dynamo with its ``eager``
 backend, which builds the graphs without compiling kernels: the graph count and the graph breaks
 are what any backend gets. (The RNN's forward breaks at ``nn.GRU``, which Dynamo does not trace,
-and at ``pack_padded_sequence``: docs/sweeps.md.)"""
+and at ``pack_padded_sequence``: docs/sweeps.md.) And ``trainer.compile_mode``: which modes record CUDA
+graphs, and where."""
 
+import pytest
+import torch
+
+from training.config import TrainerConfig, cuda_graphs
+from training.distributed import World
+from training.progress import describe_setup
+from training.setup import compiled_forward
 from training.trainer import Trainer
 
 from helpers import FLOAT32, TINY
@@ -53,3 +61,34 @@ def test_the_transformer_compiles_into_two_graphs_an_epoch_guided_or_not_without
     assert len(trainer.sampler) > 5
     found = epoch_graphs(trainer)
     assert found == {"graphs": 4, "breaks": {}}
+
+
+@pytest.mark.parametrize(
+    "compile, mode, device, graphs",
+    [
+        (True, "reduce-overhead", "cuda", True),
+        (True, "max-autotune", "cuda", True),
+        (True, "reduce-overhead", "cpu", False),  # inductor records no graph of CPU tensors
+        (True, "default", "cuda", False),
+        (True, "max-autotune-no-cudagraphs", "cuda", False),
+        (False, "default", "cuda", False),
+    ],
+)
+def test_cuda_graphs_are_recorded_only_on_cuda_in_the_modes_that_record_them(compile, mode, device, graphs):
+    tc = TrainerConfig(compile=compile, compile_mode=mode)
+    assert cuda_graphs(tc, device) is graphs
+    line = describe_setup("transformer", 10, torch.device(device), "float32", World(), tc)
+    if compile:
+        assert line.endswith(f", compiled (mode {mode}{', CUDA graphs' if graphs else ''})")
+    else:
+        assert "compiled" not in line
+
+
+@pytest.mark.parametrize("mode, graphs", [("default", False), ("reduce-overhead", True)])
+def test_the_training_forward_is_compiled_in_the_mode_asked_for(mode, graphs):
+    """What torch.compile was given (its inductor options: CUDA graphs or not); nothing compiles
+    before the first call."""
+    module = torch.nn.Linear(2, 2)
+    assert compiled_forward(module, TrainerConfig()) is module
+    compiled = compiled_forward(module, TrainerConfig(compile=True, compile_mode=mode))
+    assert compiled.get_compiler_config()["triton.cudagraphs"] is graphs

@@ -153,6 +153,15 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
         ("trainer.betas=[0.9,1.0]", "trainer.betas must be two numbers in [0, 1), got [0.9, 1.0]"),
         ("trainer.optimizer=sgd", "trainer.optimizer must be adam or adamw, got 'sgd'"),
         (
+            "trainer.compile_mode=fast",
+            "trainer.compile_mode must be one of default, reduce-overhead, max-autotune, "
+            "max-autotune-no-cudagraphs, got 'fast'",
+        ),
+        (
+            "trainer.compile_mode=reduce-overhead",
+            "trainer.compile_mode=reduce-overhead is torch.compile's mode: set trainer.compile=true with it",
+        ),
+        (
             "trainer.schedule=step",
             "trainer.schedule must be one of inverse_sqrt, exponential, constant, linear, cosine, got 'step'",
         ),

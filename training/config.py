@@ -18,6 +18,9 @@ from training.schedule import FITTED, SCHEDULES
 
 OPTIMIZERS = ("adam", "adamw")  # training/setup.py make_optimizer
 AMP = ("auto", "true", "false")  # trainer.amp: common/device.py amp_choice
+# trainer.compile_mode: torch.compile's modes; those that record CUDA graphs (on CUDA only)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass
@@ -95,6 +98,10 @@ class TrainerConfig:
     tf32: bool = True
     num_threads: Optional[int] = None  # CPU threads for torch (null: the cores this process may use)
     compile: bool = False  # torch.compile the model
+    # torch.compile's mode with trainer.compile: default, reduce-overhead (CUDA graphs: on CUDA each
+    # batch shape is recorded once, then replayed with one launch; data.pad_multiple bounds the
+    # shapes), max-autotune (searched kernels and CUDA graphs) or max-autotune-no-cudagraphs
+    compile_mode: str = "default"
     # On CUDA, let the fused attention take cuDNN's kernels (common.device.attention_kernels): fast
     # for shapes seen before, but a graph built for every new one; batches of varying lengths are.
     cudnn_attention: bool = False
@@ -110,6 +117,13 @@ class Config:
     trainer: TrainerConfig = MISSING
     seed: int = 1
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
+
+
+def cuda_graphs(tc: TrainerConfig, device_type: str) -> bool:
+    """Whether the compiled training forward records CUDA graphs (``trainer.compile_mode``
+    reduce-overhead or max-autotune, on CUDA): a replay reuses the memory of the one before, so each
+    forward pass tells torch that the last one's outputs are spent (``training/step.py``)."""
+    return tc.compile and tc.compile_mode in CUDA_GRAPH_MODES and device_type == "cuda"
 
 
 def register_configs() -> None:
@@ -192,6 +206,14 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         raise ValueError(f"trainer.betas must be two numbers in [0, 1), got {list(tc.betas)}")
     if tc.amp not in AMP:
         raise ValueError(f"trainer.amp must be one of {', '.join(AMP)}, got {tc.amp!r}")
+    if tc.compile_mode not in COMPILE_MODES:
+        raise ValueError(
+            f"trainer.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {tc.compile_mode!r}"
+        )
+    if tc.compile_mode != "default" and not tc.compile:
+        raise ValueError(
+            f"trainer.compile_mode={tc.compile_mode} is torch.compile's mode: set trainer.compile=true with it"
+        )
     if tc.optimizer not in OPTIMIZERS:
         raise ValueError(f"trainer.optimizer must be {' or '.join(OPTIMIZERS)}, got {tc.optimizer!r}")
     if tc.schedule not in SCHEDULES:

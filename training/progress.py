@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from training.config import TrainerConfig
+from training.config import TrainerConfig, cuda_graphs
 from training.distributed import World
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,12 @@ def log_window(p: Progress, window: LogWindow, total_steps: Optional[int]) -> Di
 def describe_setup(
     model: str, params: int, device: torch.device, precision: str, world: World, tc: TrainerConfig
 ) -> str:
-    """The log line of what trains where: model, parameters, device, precision, threads (and the DDP world)."""
+    """The log line of what trains where: model, parameters, device, precision, threads, compilation
+    (and the DDP world)."""
     line = f"model: {model}, {params:,} parameters, device {device} ({precision}), {torch.get_num_threads()} threads"
+    if tc.compile:
+        graphs = ", CUDA graphs" if cuda_graphs(tc, device.type) else ""
+        line += f", compiled (mode {tc.compile_mode}{graphs})"
     if world.distributed:
         backend = "NCCL" if device.type == "cuda" else "gloo"
         line += (

@@ -72,6 +72,12 @@ def make_optimizer(model: nn.Module, tc: TrainerConfig) -> torch.optim.Optimizer
     )
 
 
+def compiled_forward(module: nn.Module, tc: TrainerConfig) -> nn.Module:
+    """``module`` compiled in ``trainer.compile_mode`` when ``trainer.compile``, else itself (torch
+    compiles at the first call, not here)."""
+    return torch.compile(module, mode=tc.compile_mode) if tc.compile else module
+
+
 def model_for(model_cfg: ModelConfig, tokenizer: Tokenizer) -> nn.Module:
     """The model of ``model_cfg`` for the tokenizer's vocabularies (with separate vocabularies the
     source and target embeddings cannot be shared, whatever ``model.share_embeddings`` says)."""
@@ -107,7 +113,7 @@ def make_setup(
         set_tf32(tc.tf32)
         attention_kernels(device, cudnn=tc.cudnn_attention)
     ddp = distributed.wrap(model, world, device)  # shares the model's parameters, all-reduces their gradients
-    forward = torch.compile(ddp) if tc.compile else ddp
+    forward = compiled_forward(ddp, tc)
     if world.distributed:
         torch.manual_seed(cfg.seed * 1000 + world.rank)  # each rank its own dropout masks
     return Setup(

@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 from data.batching import Batch
 from data.specials import PAD_ID
 from training import distributed
-from training.config import TrainerConfig
+from training.config import TrainerConfig, cuda_graphs
 from training.distributed import World
 from training.guided import guided_alignment_loss
 from training.progress import Progress, StepStats
@@ -224,10 +224,13 @@ def accumulate_gradients(
     guided = tc.guided_alignment > 0
     rdrop = tc.rdrop_alpha > 0
     passes = 2 if rdrop else 1  # R-Drop: each batch twice, the passes' mean loss
+    graphs = cuda_graphs(tc, device.type)
     for k, batch in enumerate(batches):
         batch = batch.to(device)
         if rdrop:
             batch = twice(batch)
+        if graphs:  # the last replay's outputs are spent (its backward ran): its memory may be reused
+            torch.compiler.cudagraph_mark_step_begin()
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
             with autocast():
                 out, attention = forward(
