@@ -3,12 +3,14 @@ through one fixture, ``multi30k_dir``."""
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import pytest
 from omegaconf import OmegaConf
+from preloaded import PreloadedPopen
 
 from helpers import (
     EVERY_CORE,
@@ -29,7 +31,11 @@ def pytest_configure(config):
     """A pytest-xdist worker (``make test`` runs one per core) keeps to a core of its own, it and the
     processes it starts (train.py and translate.py take their threads from the cores they may use):
     threads that outnumber the cores wait on each other many times over. The modules go to the
-    workers in ``pytest_collection_modifyitems``'s order, not pytest-xdist's own (most tests first)."""
+    workers in ``pytest_collection_modifyitems``'s order, not pytest-xdist's own (most tests first).
+    The repository's scripts that a test runs with ``python SCRIPT`` start from a server that has
+    imported torch already (``tests/preloaded.py``; ``TESTS_FRESH_PROCESSES=1``: each from nothing)."""
+    if os.environ.get("TESTS_FRESH_PROCESSES") != "1":
+        subprocess.Popen = PreloadedPopen
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist's --no-loadscope-reorder
         config.option.loadscopereorder = False
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...
