@@ -1,8 +1,8 @@
 """Script processes of the tests, started from a Python that has imported torch already.
 
 A test that runs ``python train.py ...`` (or translate.py, or a script) pays about 2 s of a 2.5 s
-refusal for importing torch, Hydra, SentencePiece, sacreBLEU and TensorBoard, and a training run 1.5
-s more for torch's compiler package; the suite starts about a hundred such processes. Here a server
+refusal for importing torch, Hydra, SentencePiece, sacreBLEU and TensorBoard, and a training run
+1.5 s more for torch's compiler package; the suite starts about a hundred such processes. Here a server
 per pytest worker imports them once (``PRELOAD``) and forks for each process, which then runs the
 script as ``python SCRIPT ARGS`` does: its argv, ``sys.path[0]`` (the script's folder), working
 folder, environment, standard streams, ``__main__``, exit code (``sys.exit``, an uncaught
@@ -50,10 +50,10 @@ PRELOAD = (
     "sacrebleu",
 )
 # Variables read when the interpreter starts or when torch and its libraries load (the search path,
-# buffering, GNU OpenMP's threads, the allocator, the library path, torch's own): a process whose
-# values differ from the server's starts afresh. Those read later (CUDA_VISIBLE_DEVICES when CUDA
-# starts, TORCHINDUCTOR_* when compiling, KMP_* of Intel's OpenMP, which torch's wheels for Linux
-# do not load) are the process's own environment.
+# buffering, GNU OpenMP's threads, the allocator, the library path, torch's own, the CPU kernels):
+# a process whose values differ from the server's starts afresh. Those read later
+# (CUDA_VISIBLE_DEVICES when CUDA starts, TORCHINDUCTOR_* when compiling, KMP_* of Intel's OpenMP,
+# which torch's wheels for Linux do not load) are the process's own environment.
 IMPORT_TIME_ENV = (
     "PYTHON",
     "OMP_",
@@ -64,6 +64,9 @@ IMPORT_TIME_ENV = (
     "GLIBC_TUNABLES",
     "TORCH_",
     "PYTORCH_",
+    "ATEN_",  # the CPU kernels torch and oneDNN pick (make test-kernels)
+    "ONEDNN_",
+    "DNNL_",
 )
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 MESSAGE_BYTES = 1 << 20
