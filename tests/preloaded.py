@@ -230,13 +230,16 @@ class Server:
         )
         theirs.close()
         self.sock = ours
+        self.owner = os.getpid()
         if self.sock.recv(16) != b"ready":
             raise OSError(f"the preloading server did not start (exit code {self.process.poll()})")
 
     @classmethod
     def get(cls) -> "Server":
         with cls._lock:
-            if cls._instance is None or cls._instance.process.poll() is not None:
+            server = cls._instance
+            # a forked test process (multiprocessing) starts its own: the socket is its parent's
+            if server is None or server.owner != os.getpid() or server.process.poll() is not None:
                 cls._instance = cls()
             return cls._instance
 
