@@ -7,8 +7,10 @@ per pytest worker imports them once (``PRELOAD``) and forks for each process, wh
 script as ``python SCRIPT ARGS`` does: its argv, ``sys.path[0]`` (the script's folder), working
 folder, environment, standard streams, ``__main__``, exit code (``sys.exit``, an uncaught
 exception's 1, the signal that killed it) and exit handlers. The server has done nothing but import
-(one thread, no torch operation run, nothing logged), so what the script finds is what a fresh
-interpreter would, less the import time.
+(no thread of Python's, no torch operation run, nothing logged), so what the script finds is what a
+fresh interpreter would, less the import time, with two differences: the string hash seed is the
+server's (every script of a worker shares it) and NumPy's global generator, seeded at its import,
+is seeded anew from the system's entropy, as at a fresh import.
 
 The fork is the test process's own child: the server forks twice and, meanwhile, the test process is
 a child subreaper (``PR_SET_CHILD_SUBREAPER``), so ``subprocess.Popen`` waits for it, signals it and
@@ -24,6 +26,7 @@ import atexit
 import builtins
 import contextlib
 import ctypes
+import gc
 import io
 import json
 import os
@@ -49,31 +52,43 @@ PRELOAD = (
     "sentencepiece",
     "sacrebleu",
 )
-# Variables read when the interpreter starts or when torch and its libraries load (the search path,
-# buffering, GNU OpenMP's threads, the allocator, the library path, torch's own, the CPU kernels):
-# a process whose values differ from the server's starts afresh. Those read later
-# (CUDA_VISIBLE_DEVICES when CUDA starts, TORCHINDUCTOR_* when compiling, KMP_* of Intel's OpenMP,
-# which torch's wheels for Linux do not load) are the process's own environment.
+# Variables read when the interpreter starts or when the preloaded packages load (the search path,
+# buffering, the locale's encodings, GNU OpenMP's and OpenBLAS's threads, the allocator, the library
+# path, the home and temporary folders, torch's own and its compiler's configuration, the CPU
+# kernels): a process whose values differ from the server's starts afresh. Those read later
+# (CUDA_VISIBLE_DEVICES when CUDA starts, KMP_* of Intel's OpenMP, which torch's wheels for Linux do
+# not load, RUNTIME_ENV) are the process's own environment.
 IMPORT_TIME_ENV = (
     "PYTHON",
+    "LANG",
+    "LC_",
+    "TZ",
+    "HOME",
+    "TMPDIR",
     "OMP_",
     "GOMP_",
+    "OPENBLAS_",
     "MKL_",
     "LD_",
     "MALLOC_",
     "GLIBC_TUNABLES",
     "TORCH_",
+    "TORCHINDUCTOR_",
+    "TORCHDYNAMO_",
     "PYTORCH_",
     "ATEN_",  # the CPU kernels torch and oneDNN pick (make test-kernels)
     "ONEDNN_",
     "DNNL_",
+    "SACREBLEU",  # its cache folder
 )
+# read when used: torch sets it in the test process when it first compiles, the server never reads it
+RUNTIME_ENV = ("TORCHINDUCTOR_CACHE_DIR",)
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 MESSAGE_BYTES = 1 << 20
 
 
 def import_time_env(env: Dict[str, str]) -> Dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV)}
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k not in RUNTIME_ENV}
 
 
 # ----- the server (its own process) -------------------------------------------------------------
@@ -136,6 +151,8 @@ def run_script(request: dict, fds: List[int]) -> None:
         sys.argv = list(request["argv"])
         script = sys.argv[0]
         sys.path[0] = os.path.dirname(os.path.realpath(script))
+        if "numpy" in sys.modules:  # its global generator as a fresh import seeds it, not the server's
+            sys.modules["numpy"].random.seed()
         code = run_main(os.path.abspath(script))
     finally:
         os._exit(code)
@@ -144,7 +161,8 @@ def run_script(request: dict, fds: List[int]) -> None:
 def run_main(path: str) -> int:
     """Run the script at ``path`` in a new ``__main__`` module, as the interpreter runs a file; the
     exit code it would give, after its own ending: non-daemon threads joined, exit handlers run,
-    the standard streams flushed. An interpreter stopped by SIGINT ends by that signal."""
+    the standard streams flushed (120 if they cannot be), ``__main__``'s objects deleted. An
+    interpreter stopped by SIGINT ends by that signal."""
     code, signum = 0, None
     main = types.ModuleType("__main__")
     main.__dict__.update(__file__=path, __cached__=None, __builtins__=builtins)
@@ -166,15 +184,26 @@ def run_main(path: str) -> int:
         code = 1
     threading._shutdown()
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    if not flushed() and code == 0:
+        code = 120  # the interpreter's exit code when it cannot flush its standard streams
+    main.__dict__.clear()  # what the interpreter's module teardown closes and deletes
+    gc.collect()
+    flushed()
     if signum is not None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
     return code & 0xFF
+
+
+def flushed() -> bool:
+    """Flush stdout and stderr; whether both could be."""
+    done = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            done = False
+    return done
 
 
 def print_uncaught() -> None:
@@ -217,6 +246,7 @@ class Server:
 
     _instance: Optional["Server"] = None
     _lock = threading.Lock()
+    broken = False  # it could not start: every process starts afresh
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -235,22 +265,41 @@ class Server:
             raise OSError(f"the preloading server did not start (exit code {self.process.poll()})")
 
     @classmethod
-    def get(cls) -> "Server":
+    def get(cls) -> Optional["Server"]:
+        """The server of this process (None when it could not start)."""
         with cls._lock:
             server = cls._instance
             # a forked test process (multiprocessing) starts its own: the socket is its parent's
-            if server is None or server.owner != os.getpid() or server.process.poll() is not None:
-                cls._instance = cls()
+            if not cls.broken and (
+                server is None or server.owner != os.getpid() or server.process.poll() is not None
+            ):
+                try:
+                    cls._instance = cls()
+                except OSError as error:
+                    cls.broken, cls._instance = True, None
+                    print(f"tests/preloaded.py: {error}; every process starts afresh", file=sys.stderr)
             return cls._instance
 
     def start(self, argv: List[str], cwd: str, env: Dict[str, str], fds: List[int], new_session: bool) -> int:
         request = {"argv": argv, "cwd": cwd, "env": env, "new_session": new_session}
         with self._lock, subreaper():
-            socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
-            reply = json.loads(self.sock.recv(MESSAGE_BYTES))
+            try:
+                socket.send_fds(self.sock, [json.dumps(request).encode()], fds)
+                reply = json.loads(self.sock.recv(MESSAGE_BYTES))
+            except BaseException:  # a signal between the two: the reply would answer the next request
+                self.close()
+                raise
         if "error" in reply:
             raise OSError(reply["error"])
         return reply["pid"]
+
+    def close(self) -> None:
+        """End the server; the next request starts another."""
+        self.sock.close()
+        self.process.kill()
+        self.process.wait()
+        if Server._instance is self:
+            Server._instance = None
 
 
 ORIGINAL_POPEN = subprocess.Popen
@@ -274,6 +323,21 @@ def script_argv(args, executable, shell, cwd) -> Optional[List[str]]:
     return args[1:]
 
 
+def open_files(fds: List[int]) -> bool:
+    """Whether every one of ``fds`` is open (a closed standard stream cannot be sent)."""
+    try:
+        for fd in fds:
+            os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def env_fits(env: Dict[str, str], server: Server) -> bool:
+    """Whether a process with ``env`` finds what the server's imports read."""
+    return import_time_env(env) == import_time_env(server.env)
+
+
 class PreloadedPopen(ORIGINAL_POPEN):
     """``subprocess.Popen``; a ``python SCRIPT.py`` process it may start from the preloading server
     starts there (the module's docstring)."""
@@ -284,7 +348,7 @@ class PreloadedPopen(ORIGINAL_POPEN):
         start_new_session, process_group,
     ):  # fmt: skip
         argv = script_argv(args, executable, shell, cwd)
-        env = dict(os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()})
+        named = dict(os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()})
         fds = [p2cread, c2pwrite, errwrite]
         fds = [own if fd == -1 else fd for own, fd in zip((0, 1, 2), fds)]
         usual = (
@@ -295,20 +359,17 @@ class PreloadedPopen(ORIGINAL_POPEN):
             and (gid, gids, uid, process_group) == (None, None, None, -1)
             and umask < 0
         )
-        if argv is None or not usual or any(os.isatty(fd) for fd in fds) or not self._env_fits(env):
+        server = Server.get() if argv is not None and usual and open_files(fds) else None
+        if server is None or any(os.isatty(fd) for fd in fds) or not env_fits(named, server):
             return super()._execute_child(
                 args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags, shell,
                 p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
                 start_new_session, process_group,
             )  # fmt: skip
         cwd = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
-        self.pid = Server.get().start(argv, cwd, env, fds, bool(start_new_session))
+        self.pid = server.start(argv, cwd, named, fds, bool(start_new_session))
         self._child_created = True
         self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
-
-    @staticmethod
-    def _env_fits(env: Dict[str, str]) -> bool:
-        return import_time_env(env) == import_time_env(Server.get().env)
 
 
 if __name__ == "__main__":

@@ -158,6 +158,11 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
             "max-autotune-no-cudagraphs, got 'fast'",
         ),
         (
+            "trainer.compile=true trainer.compile_mode=max-autotune trainer.accumulate=2",
+            "trainer.compile_mode=max-autotune records CUDA graphs, whose gradients the next batch of a step would "
+            "overwrite: set trainer.accumulate=1 or trainer.compile_mode=max-autotune-no-cudagraphs",
+        ),
+        (
             "trainer.compile_mode=reduce-overhead",
             "trainer.compile_mode=reduce-overhead is torch.compile's mode: set trainer.compile=true with it",
         ),
@@ -169,7 +174,7 @@ def test_keys_forced_in_with_plus_are_refused_when_the_config_is_read(override, 
 )
 def test_values_out_of_range_are_refused_naming_the_key(override, message):
     with pytest.raises(ValueError) as caught:
-        trainer_config(compose_config(override).trainer)
+        trainer_config(compose_config(*override.split()).trainer)
     assert str(caught.value) == message
 
 

@@ -107,3 +107,23 @@ def test_other_starts_are_left_to_subprocess(script, tmp_path_factory):
             text=True,
         )
         assert process.communicate(timeout=60)[0].startswith("torch before the script: False\n")
+
+
+def test_scripts_from_the_server_draw_numpys_global_numbers_anew(script):
+    """NumPy seeds its global generator from the system's entropy when it is imported: each script
+    from the server gets a seed of its own, not the server's."""
+    draw = script.parent / "draw.py"
+    draw.write_text("import sys, numpy\nprint('torch' in sys.modules, numpy.random.randint(2**62))\n")
+    draws = set()
+    for _ in range(2):
+        process = preloaded.PreloadedPopen(
+            [sys.executable, draw.name],
+            cwd=draw.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        warm, number = process.communicate(timeout=60)[0].split()
+        assert warm == "True"
+        draws.add(number)
+    assert len(draws) == 2

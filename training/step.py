@@ -229,7 +229,8 @@ def accumulate_gradients(
         batch = batch.to(device)
         if rdrop:
             batch = twice(batch)
-        if graphs:  # the last replay's outputs are spent (its backward ran): its memory may be reused
+        if graphs:  # the last replay's outputs are spent (one batch a step: its backward ran and the
+            # optimizer took its gradients), so its memory may be reused
             torch.compiler.cudagraph_mark_step_begin()
         with distributed.no_sync(forward, last=k == len(batches) - 1):  # one all-reduce per step
             with autocast():
