@@ -210,14 +210,14 @@ def check_trainer_config(tc: TrainerConfig) -> None:
         raise ValueError(
             f"trainer.compile_mode must be one of {', '.join(COMPILE_MODES)}, got {tc.compile_mode!r}"
         )
+    if tc.compile_mode != "default" and not tc.compile:
+        raise ValueError(
+            f"trainer.compile_mode={tc.compile_mode} is torch.compile's mode: set trainer.compile=true with it"
+        )
     if tc.compile_mode in CUDA_GRAPH_MODES and tc.accumulate > 1:
         raise ValueError(
             f"trainer.compile_mode={tc.compile_mode} records CUDA graphs, whose gradients the next batch of a "
             "step would overwrite: set trainer.accumulate=1 or trainer.compile_mode=max-autotune-no-cudagraphs"
-        )
-    if tc.compile_mode != "default" and not tc.compile:
-        raise ValueError(
-            f"trainer.compile_mode={tc.compile_mode} is torch.compile's mode: set trainer.compile=true with it"
         )
     if tc.optimizer not in OPTIMIZERS:
         raise ValueError(f"trainer.optimizer must be {' or '.join(OPTIMIZERS)}, got {tc.optimizer!r}")
