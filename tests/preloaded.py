@@ -246,7 +246,8 @@ class Server:
 
     _instance: Optional["Server"] = None
     _lock = threading.Lock()
-    broken = False  # it could not start: every process starts afresh
+    # it could not start, or this is not Linux (no child subreaper): every process starts afresh
+    broken = not sys.platform.startswith("linux")
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
