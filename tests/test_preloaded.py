@@ -13,6 +13,11 @@ from pathlib import Path
 import preloaded
 import pytest
 
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"),
+    reason="the preloading server needs Linux (a child subreaper): every process starts afresh here",
+)
+
 SCRIPT = """
 import atexit, os, sys, threading, time
 print("torch before the script:", "torch" in sys.modules)
