@@ -252,6 +252,7 @@ class Server:
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.env = dict(os.environ)
+        self.import_env = import_time_env(self.env)  # what its imports read
         self.process = ORIGINAL_POPEN(
             [sys.executable, __file__, str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
@@ -336,7 +337,7 @@ def open_files(fds: List[int]) -> bool:
 
 def env_fits(env: Dict[str, str], server: Server) -> bool:
     """Whether a process with ``env`` finds what the server's imports read."""
-    return import_time_env(env) == import_time_env(server.env)
+    return import_time_env(env) == server.import_env
 
 
 class PreloadedPopen(ORIGINAL_POPEN):
@@ -349,7 +350,6 @@ class PreloadedPopen(ORIGINAL_POPEN):
         start_new_session, process_group,
     ):  # fmt: skip
         argv = script_argv(args, executable, shell, cwd)
-        named = dict(os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()})
         fds = [p2cread, c2pwrite, errwrite]
         fds = [own if fd == -1 else fd for own, fd in zip((0, 1, 2), fds)]
         usual = (
@@ -361,6 +361,10 @@ class PreloadedPopen(ORIGINAL_POPEN):
             and umask < 0
         )
         server = Server.get() if argv is not None and usual and open_files(fds) else None
+        if server is not None:
+            named = dict(
+                os.environ if env is None else {os.fsdecode(k): os.fsdecode(v) for k, v in env.items()}
+            )
         if server is None or any(os.isatty(fd) for fd in fds) or not env_fits(named, server):
             return super()._execute_child(
                 args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags, shell,
